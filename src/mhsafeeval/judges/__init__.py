@@ -1,0 +1,1 @@
+"""judges layer (see STYLE.md)."""

@@ -1,0 +1,126 @@
+"""The Agent base class and the ``@on`` decorator that declares its handlers."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+
+from ._message import Message
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["Agent", "AgentId", "on"]
+
+_MARK = "_mhsafeeval_on"
+F = TypeVar("F", bound=Callable[..., Any])
+Handler = Callable[[Any, Message], Awaitable[None] | None]
+
+
+class AgentId(NamedTuple):
+    """An agent instance: its registered type name and its key (a conversation id, or "")."""
+
+    type: str
+    key: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.type}[{self.key}]" if self.key else self.type
+
+
+def on(*types: type[Message]) -> Callable[[F], F]:
+    """Declare a method as the handler of one or more message types (subclasses included).
+
+    Example:
+        >>> class Ping(Message, frozen=True, tag="doc.ping"):
+        ...     n: int
+        >>> class Counter(Agent):
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.seen = 0
+        ...     @on(Ping)
+        ...     async def count(self, msg: Ping) -> None:
+        ...         self.seen += msg.n
+    """
+    if not types or not all(isinstance(t, type) and issubclass(t, Message) for t in types):
+        raise TypeError("@on() takes one or more Message subclasses")
+
+    def mark(fn: F) -> F:
+        setattr(fn, _MARK, (*getattr(fn, _MARK, ()), *types))
+        return fn
+
+    return mark
+
+
+class Agent:
+    """A message-passing actor.
+
+    Each agent instance has one mailbox drained by one task, so its handlers never run
+    concurrently with each other and see messages in the order they were published. Handlers are
+    methods marked with :func:`on`; a message goes to every handler whose declared type is in its
+    class hierarchy, in definition order. Handlers may be ``async def`` or plain ``def``.
+
+    The runtime sets :attr:`runtime` and :attr:`id` before :meth:`on_start` runs. Use
+    :meth:`publish` to send messages; build their correlation fields with
+    ``Message.child_ids`` so the causal chain is stored.
+
+    A handler that raises becomes a ``HandlerFailed`` event and cancels only that message's
+    conversation; cancellation itself always propagates.
+    """
+
+    _handlers: ClassVar[tuple[tuple[type[Message], str, bool], ...]] = ()
+    _dispatch_cache: ClassVar[dict[type[Message], tuple[tuple[str, bool], ...]]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found: dict[str, tuple[tuple[type[Message], ...], bool]] = {}
+        for klass in reversed(cls.__mro__):
+            for name, attr in vars(klass).items():
+                types = getattr(attr, _MARK, None)
+                if types is not None:
+                    found[name] = (types, inspect.iscoroutinefunction(attr))
+                elif name in found:  # overridden without @on: no longer a handler
+                    del found[name]
+        cls._handlers = tuple(
+            (t, name, is_async) for name, (types, is_async) in found.items() for t in types
+        )
+        cls._dispatch_cache = {}
+
+    def __init__(self) -> None:
+        self._runtime: Runtime | None = None
+        self.id = AgentId(type(self).__name__)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime this agent runs in (set when it is started)."""
+        if self._runtime is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a runtime")
+        return self._runtime
+
+    @classmethod
+    def handled_types(cls) -> tuple[type[Message], ...]:
+        """The message types this agent class has handlers for."""
+        return tuple(dict.fromkeys(t for t, _, _ in cls._handlers))
+
+    @classmethod
+    def dispatch(cls, msg_type: type[Message]) -> tuple[tuple[str, bool], ...]:
+        """Handler method names (and whether each is async) for a concrete message type."""
+        try:
+            return cls._dispatch_cache[msg_type]
+        except KeyError:
+            mro = msg_type.__mro__
+            names = tuple(
+                dict.fromkeys((name, is_async) for t, name, is_async in cls._handlers if t in mro)
+            )
+            cls._dispatch_cache[msg_type] = names
+            return names
+
+    def publish(self, msg: Message, *, topic: str = "") -> None:
+        """Publish a message on this agent's runtime (never blocks)."""
+        self.runtime.publish(msg, topic=topic)
+
+    async def on_start(self) -> None:
+        """Called once in the agent's task before its first message."""
+
+    async def on_stop(self) -> None:
+        """Called once when the runtime stops (shielded from cancellation)."""

@@ -1,0 +1,106 @@
+"""Structured logs for people (console) or machines (JSON), with secrets scrubbed.
+
+Logs are for people; the durable record is the event store. The campaign, conversation, turn,
+attempt and agent are bound through contextvars by the runtime, so every line says where it
+came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+__all__ = ["configure_logging", "redact", "register_secret"]
+
+_SECRET_KEYS = re.compile(r"(api[_-]?key|authorization|secret|password|token|x-api-key)$", re.I)
+_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
+_KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9_-]{8,}|sk-ant-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{20,})")
+_secrets: set[str] = set()
+MASK = "***"
+
+
+def register_secret(value: str | None) -> None:
+    """Scrub this exact value from every log line from now on (API keys read from the env)."""
+    if value and len(value) >= 4:
+        _secrets.add(value)
+
+
+def redact(text: str) -> str:
+    """``text`` with registered secrets, bearer tokens and key-shaped strings masked."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
+    return _KEYLIKE.sub(MASK, text)
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            k: MASK if isinstance(k, str) and _SECRET_KEYS.search(k) else _scrub(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_scrub(v) for v in value)
+    return value
+
+
+def _redact_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key in list(event):
+        if _SECRET_KEYS.search(key):
+            event[key] = MASK
+        else:
+            event[key] = _scrub(event[key])
+    return event
+
+
+def configure_logging(
+    level: str = "info", *, json: bool = False, stream: TextIO | None = None
+) -> None:
+    """Set up structlog (and the stdlib root logger, for libraries) once per process.
+
+    Args:
+        level: minimum level name (debug, info, warning, error).
+        json: one JSON object per line instead of the coloured console format.
+        stream: where lines go (default: stderr).
+    """
+    numeric = logging.getLevelNamesMapping().get(level.upper())
+    if numeric is None:
+        raise ValueError(f"unknown log level {level!r}")
+    out = stream or sys.stderr
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,  # render tracebacks before scrubbing them
+            _redact_processor,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    # Libraries that use the stdlib (litellm, httpx) go through the same scrubbing.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(numeric, logging.WARNING))
+
+
+class _RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))

@@ -1,0 +1,164 @@
+"""The base of every message on the bus, and the registry that decodes stored ones."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from functools import cache
+from typing import Any, ClassVar
+
+import msgspec
+
+__all__ = [
+    "CORRELATION_FIELDS",
+    "HandlerFailed",
+    "Message",
+    "decode_message",
+    "encode_message",
+    "message_decoder",
+    "message_id",
+    "message_types",
+]
+
+CORRELATION_FIELDS = ("campaign", "conversation", "turn", "attempt", "branch", "key")
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+    """Base class of every message (event) on the bus.
+
+    A message is a frozen, tagged msgspec Struct. The tag (``type`` in the encoded form) is part of
+    the stored schema: give every subclass an explicit, lowercase ``tag=`` and never reuse or
+    rename one; new fields must have defaults so that old rows still decode.
+
+    Correlation fields say where the message belongs; together with the tag they form its stable
+    :attr:`id`, so storing the same message twice is a no-op and a resumed campaign can tell what
+    already happened. Two messages of one type at the same coordinates must differ in ``branch``
+    or ``key``.
+
+    Example:
+        >>> class Ping(Message, frozen=True, tag="example.ping"):
+        ...     text: str
+        >>> a = Ping(campaign="c1", conversation="c1/m/p/0", turn=2, text="hi")
+        >>> a.id == Ping(campaign="c1", conversation="c1/m/p/0", turn=2, text="other").id
+        True
+        >>> b = Ping(**a.child_ids(), text="reply")
+        >>> (b.turn, b.causation == a.id)
+        (2, True)
+    """
+
+    campaign: str = ""
+    conversation: str = ""
+    turn: int = 0
+    attempt: int = 0
+    branch: str = ""
+    key: str = ""
+    causation: str = ""
+
+    schema_version: ClassVar[int] = 1
+
+    @property
+    def id(self) -> str:
+        """Stable id derived from the tag and the correlation fields (not from the payload)."""
+        return message_id(
+            type(self).__struct_config__.tag,  # type: ignore[arg-type]
+            self.campaign,
+            self.conversation,
+            self.turn,
+            self.attempt,
+            self.branch,
+            self.key,
+        )
+
+    @property
+    def tag(self) -> str:
+        """The stored type name of this message."""
+        return str(type(self).__struct_config__.tag)
+
+    def child_ids(self, **overrides: Any) -> dict[str, Any]:
+        """Correlation fields for a message caused by this one (``causation`` = this id).
+
+        ``key`` is not inherited: it only tells apart siblings of one type.
+        """
+        ids: dict[str, Any] = {
+            "campaign": self.campaign,
+            "conversation": self.conversation,
+            "turn": self.turn,
+            "attempt": self.attempt,
+            "branch": self.branch,
+            "causation": self.id,
+        }
+        ids.update(overrides)
+        return ids
+
+
+def message_id(
+    tag: str, campaign: str, conversation: str, turn: int, attempt: int, branch: str, key: str
+) -> str:
+    """The id a message with these coordinates gets (24 hex characters)."""
+    raw = "\x1f".join((tag, campaign, conversation, str(turn), str(attempt), branch, key))
+    return hashlib.blake2b(raw.encode(), digest_size=12).hexdigest()
+
+
+class HandlerFailed(Message, frozen=True, tag="runtime.handler_failed"):
+    """A handler raised: the runtime records it and cancels that conversation's remaining work."""
+
+    agent: str
+    handler: str
+    message_type: str
+    message_id: str
+    error_type: str
+    error: str
+
+
+def _all_subclasses(cls: type[Message]) -> Iterable[type[Message]]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+def message_types() -> dict[str, type[Message]]:
+    """Every message class imported so far, by tag. Duplicated tags are an error."""
+    out: dict[str, type[Message]] = {}
+    for cls in _all_subclasses(Message):
+        tag = str(cls.__struct_config__.tag)
+        other = out.get(tag)
+        if other is not None and other is not cls:
+            raise TypeError(f"message tag {tag!r} is used by both {other!r} and {cls!r}")
+        out[tag] = cls
+    return out
+
+
+@cache
+def _decoder(tags: frozenset[str]) -> msgspec.json.Decoder[Any]:
+    types = message_types()
+    union = tuple(types[t] for t in sorted(tags))
+    return msgspec.json.Decoder(type=union[0] if len(union) == 1 else _union(union))
+
+
+def _union(types: tuple[type[Message], ...]) -> Any:
+    from typing import Union
+
+    return Union[types]  # noqa: UP007 - a runtime union of a tuple needs the subscript form
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_message(msg: Message) -> bytes:
+    """JSON bytes of a message, with its ``type`` tag."""
+    return _encoder.encode(msg)
+
+
+def message_decoder() -> msgspec.json.Decoder[Any]:
+    """A decoder for every message class imported so far (hold on to it for bulk decoding)."""
+    return _decoder(frozenset(message_types()))
+
+
+def decode_message(data: bytes | str) -> Message:
+    """Decode JSON produced by :func:`encode_message` into the registered message class.
+
+    Raises:
+        msgspec.ValidationError: unknown tag or a payload that does not fit the class.
+    """
+    decoded: Message = message_decoder().decode(data)
+    return decoded

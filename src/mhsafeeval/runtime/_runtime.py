@@ -1,0 +1,414 @@
+"""The runtime: routes published messages to agents and observers, each with one mailbox."""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+import structlog
+from anyio.abc import TaskGroup
+from structlog.contextvars import bind_contextvars
+
+from ._agent import Agent, AgentId
+from ._message import HandlerFailed, Message
+
+__all__ = ["Observer", "Runtime", "Scope"]
+
+log = structlog.get_logger("mhsafeeval.runtime")
+
+Scope = Literal["global", "conversation"]
+Observer = Callable[[Message], Awaitable[None] | None]
+_FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
+
+
+class _Mailbox:
+    """One queue, one task. ``agent`` is set for agents, ``callback`` for observers."""
+
+    __slots__ = ("agent", "callback", "closed", "critical", "name", "queue", "wake")
+
+    def __init__(
+        self, name: str, agent: Agent | None, callback: Observer | None, critical: bool
+    ) -> None:
+        self.name = name
+        self.agent = agent
+        self.callback = callback
+        self.critical = critical
+        self.queue: deque[Message] = deque()
+        self.wake: anyio.Event | None = None
+        self.closed = False
+
+
+class _Subscription:
+    __slots__ = ("factory", "instances", "mailbox", "name", "scope", "topic", "types")
+
+    def __init__(
+        self,
+        name: str,
+        types: tuple[type[Message], ...],
+        topic: str | None,
+        *,
+        factory: Callable[[AgentId], Agent] | None = None,
+        scope: Scope = "global",
+        mailbox: _Mailbox | None = None,
+    ) -> None:
+        self.name = name
+        self.types = types
+        self.topic = topic
+        self.factory = factory
+        self.scope = scope
+        self.mailbox = mailbox  # observers and single agents
+        self.instances: dict[str, _Mailbox] = {}
+
+
+class Runtime:
+    """Owns a task group, starts agents and observers, and routes messages to them.
+
+    Routing is by message type (an agent receives the types its ``@on`` handlers declare,
+    subclasses included) and optionally by topic. Agent types registered with
+    ``scope="conversation"`` get one instance per conversation id, created on its first message,
+    so conversations run concurrently while each instance stays sequential.
+
+    Observers (the event store, loggers, progress displays) subscribe with :meth:`subscribe` and
+    see every message, including those of a cancelled conversation; a ``critical`` observer's
+    failure stops the whole runtime (a store that cannot write must not be ignored).
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.runtime import Agent, Message, Runtime, on
+        >>> class Hello(Message, frozen=True, tag="doc.hello"):
+        ...     text: str
+        >>> class Printer(Agent):
+        ...     @on(Hello)
+        ...     def show(self, msg: Hello) -> None:
+        ...         print(msg.text)
+        >>> async def main() -> None:
+        ...     async with Runtime() as rt:
+        ...         rt.add(Printer())
+        ...         rt.publish(Hello(text="hi"))
+        ...         await rt.run_until_idle()
+        >>> anyio.run(main)
+        hi
+    """
+
+    def __init__(self) -> None:
+        self._subs: list[_Subscription] = []
+        self._routes: dict[type[Message], list[_Subscription]] = {}
+        self._tg: TaskGroup | None = None
+        self._pending = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._cancelled: set[str] = set()
+        self._scopes: defaultdict[str, set[anyio.CancelScope]] = defaultdict(set)
+        self._event_cls: Callable[[], anyio.Event] = anyio.Event
+        self.published = 0
+        self.dropped = 0
+        self.failures = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        # The backend's Event class, looked up once: anyio.Event() dispatches on every call.
+        self._event_cls = type(anyio.Event())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        if exc is None:
+            self._close_all()  # agents finish what is queued, then stop
+        else:
+            self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+
+    def _close_all(self) -> None:
+        for mbox in self._mailboxes():
+            mbox.closed = True
+            if mbox.wake is not None:
+                mbox.wake.set()
+
+    def _mailboxes(self) -> list[_Mailbox]:
+        out = [s.mailbox for s in self._subs if s.mailbox is not None]
+        for s in self._subs:
+            out.extend(s.instances.values())
+        return out
+
+    # -- registration --------------------------------------------------------------------------
+
+    def add(self, agent: Agent, *, name: str | None = None, topic: str | None = None) -> AgentId:
+        """Start one agent instance that receives every message its handlers declare."""
+        agent.id = AgentId(name or type(agent).__name__)
+        self._check_name(agent.id.type)
+        mbox = _Mailbox(str(agent.id), agent, None, critical=False)
+        self._add_sub(_Subscription(agent.id.type, agent.handled_types(), topic, mailbox=mbox))
+        self._start(mbox)
+        return agent.id
+
+    def register(
+        self,
+        name: str,
+        factory: type[Agent] | Callable[[AgentId], Agent],
+        *,
+        scope: Scope = "conversation",
+        types: tuple[type[Message], ...] | None = None,
+        topic: str | None = None,
+    ) -> None:
+        """Register an agent type whose instances are created on demand.
+
+        Args:
+            name: the agent type's name (unique in this runtime).
+            factory: an Agent subclass (called with no arguments) or ``factory(agent_id)``.
+            scope: ``"conversation"``: one instance per conversation id; ``"global"``: one.
+            types: message types to receive; defaults to the class's ``@on`` types.
+            topic: receive only messages published on this topic (None: any topic).
+        """
+        self._check_name(name)
+        if types is None:
+            if not (isinstance(factory, type) and issubclass(factory, Agent)):
+                raise TypeError("register(): pass types=... when the factory is not an Agent class")
+            types = factory.handled_types()
+        make: Callable[[AgentId], Agent]
+        if isinstance(factory, type):
+            cls: type[Agent] = factory
+            make = lambda _: cls()  # noqa: E731 - an Agent class is built with no arguments
+        else:
+            make = factory
+        self._add_sub(_Subscription(name, types, topic, factory=make, scope=scope))
+
+    def subscribe(
+        self,
+        callback: Observer,
+        *,
+        name: str,
+        types: tuple[type[Message], ...] = (Message,),
+        topic: str | None = None,
+        critical: bool = False,
+    ) -> None:
+        """Attach an observer: a function called with each matching message, in order.
+
+        The callback runs in its own task (one mailbox), so a slow observer delays only itself.
+        """
+        self._check_name(name)
+        mbox = _Mailbox(name, None, callback, critical)
+        self._add_sub(_Subscription(name, types, topic, mailbox=mbox))
+        self._start(mbox)
+
+    def _check_name(self, name: str) -> None:
+        if any(s.name == name for s in self._subs):
+            raise ValueError(f"an agent or observer named {name!r} is already registered")
+
+    def _add_sub(self, sub: _Subscription) -> None:
+        self._subs.append(sub)
+        self._routes.clear()
+
+    def _start(self, mbox: _Mailbox) -> None:
+        if self._tg is None:
+            raise RuntimeError("the runtime is not running: use `async with Runtime() as rt`")
+        self._tg.start_soon(self._drain, mbox, name=f"mailbox:{mbox.name}")
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def publish(self, msg: Message, *, topic: str = "") -> None:
+        """Queue a message for every matching subscriber. Never blocks; safe from any task."""
+        self.published += 1
+        routes = self._routes.get(type(msg))
+        if routes is None:
+            mro = type(msg).__mro__
+            routes = [s for s in self._subs if any(t in mro for t in s.types)]
+            self._routes[type(msg)] = routes
+        conv = msg.conversation
+        for sub in routes:
+            if sub.topic is not None and sub.topic != topic:
+                continue
+            mbox = sub.mailbox
+            if mbox is None or mbox.agent is not None:
+                if conv in self._cancelled:
+                    self.dropped += 1
+                    continue
+                if mbox is None:
+                    key = conv if sub.scope == "conversation" else ""
+                    mbox = sub.instances.get(key) or self._spawn(sub, key)
+            if self._pending == 0:
+                self._idle = anyio.Event()
+            self._pending += 1
+            mbox.queue.append(msg)
+            if mbox.wake is not None:
+                mbox.wake.set()
+
+    def _spawn(self, sub: _Subscription, key: str) -> _Mailbox:
+        assert sub.factory is not None
+        agent_id = AgentId(sub.name, key)
+        agent = sub.factory(agent_id)
+        agent.id = agent_id
+        mbox = _Mailbox(str(agent_id), agent, None, critical=False)
+        sub.instances[key] = mbox
+        self._start(mbox)
+        return mbox
+
+    async def run_until_idle(self) -> None:
+        """Return once every published message has been handled and nothing is queued.
+
+        Like every async call of the runtime it is a checkpoint: a pending cancellation is raised
+        here even when there was nothing to wait for.
+        """
+        while self._pending:
+            await self._idle.wait()
+        await anyio.lowlevel.checkpoint()
+
+    @property
+    def pending(self) -> int:
+        """Messages queued or being handled."""
+        return self._pending
+
+    # -- conversations -------------------------------------------------------------------------
+
+    def cancel_conversation(self, conversation: str) -> None:
+        """Stop a conversation's work: cancel its running handlers, drop its queued messages.
+
+        Observers still receive its messages (what happened is still recorded).
+        """
+        if not conversation:
+            return
+        self._cancelled.add(conversation)
+        for scope in self._scopes.pop(conversation, ()):
+            scope.cancel()
+
+    def end_conversation(self, conversation: str) -> None:
+        """Let the conversation's per-conversation agent instances finish their queue and stop."""
+        for sub in self._subs:
+            mbox = sub.instances.pop(conversation, None)
+            if mbox is not None:
+                mbox.closed = True
+                if mbox.wake is not None:
+                    mbox.wake.set()
+
+    @property
+    def cancelled_conversations(self) -> frozenset[str]:
+        """Conversations stopped by a failed handler (or by :meth:`cancel_conversation`)."""
+        return frozenset(self._cancelled)
+
+    # -- the mailbox task ----------------------------------------------------------------------
+
+    async def _drain(self, mbox: _Mailbox) -> None:
+        bind_contextvars(agent=mbox.name)
+        agent = mbox.agent
+        if agent is not None:
+            agent._runtime = self
+            await agent.on_start()
+        queue = mbox.queue
+        new_event = self._event_cls
+        streak = 0
+        bound: tuple[str, str, int, int] | None = None
+        try:
+            while True:
+                if not queue:
+                    if mbox.closed:
+                        break
+                    mbox.wake = wake = new_event()
+                    await wake.wait()
+                    mbox.wake = None
+                    streak = 0
+                    continue
+                msg = queue.popleft()
+                try:
+                    # Re-bind the log context only when it changes (it costs microseconds).
+                    where = (msg.campaign, msg.conversation, msg.turn, msg.attempt)
+                    if where != bound:
+                        bound = where
+                        bind_contextvars(
+                            campaign=where[0],
+                            conversation=where[1],
+                            turn=where[2],
+                            attempt=where[3],
+                        )
+                    await self._deliver(mbox, msg)
+                finally:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.set()
+                streak += 1
+                if streak >= _FAIRNESS:
+                    streak = 0
+                    await anyio.lowlevel.checkpoint()
+        finally:
+            if agent is not None:
+                with anyio.CancelScope(shield=True):
+                    await agent.on_stop()
+
+    async def _deliver(self, mbox: _Mailbox, msg: Message) -> None:
+        agent = mbox.agent
+        handler = "__call__"
+        try:
+            if agent is None:
+                assert mbox.callback is not None
+                result = mbox.callback(msg)
+                if inspect.isawaitable(result):
+                    await self._cancellable(msg.conversation, result)
+                return
+            if msg.conversation in self._cancelled:
+                self.dropped += 1
+                return
+            for handler, is_async in agent.dispatch(type(msg)):
+                if is_async:
+                    await self._cancellable(msg.conversation, getattr(agent, handler)(msg))
+                else:
+                    getattr(agent, handler)(msg)
+                if msg.conversation in self._cancelled:
+                    break
+        except Exception as exc:
+            if mbox.critical:
+                raise
+            self._handler_failed(mbox, handler, msg, exc)
+
+    async def _cancellable(self, conv: str, work: Awaitable[Any]) -> None:
+        """Await a handler inside a scope that cancelling its conversation cancels."""
+        if not conv:
+            await work
+            return
+        with anyio.CancelScope() as scope:
+            scopes = self._scopes[conv]
+            scopes.add(scope)
+            try:
+                await work
+            finally:
+                scopes.discard(scope)
+                if not scopes and self._scopes.get(conv) is scopes:
+                    del self._scopes[conv]
+
+    def _handler_failed(self, mbox: _Mailbox, handler: str, msg: Message, exc: Exception) -> None:
+        self.failures += 1
+        log.error(
+            "runtime.handler_failed",
+            handler=handler,
+            message_type=msg.tag,
+            message_id=msg.id,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )
+        if isinstance(msg, HandlerFailed):
+            return  # a failure while handling a failure report: logged, never looped
+        self.cancel_conversation(msg.conversation)
+        self.publish(
+            HandlerFailed(
+                **msg.child_ids(key=f"{mbox.name}:{msg.id}"),
+                agent=mbox.name,
+                handler=handler,
+                message_type=msg.tag,
+                message_id=msg.id,
+                error_type=type(exc).__name__,
+                error=str(exc),
+            )
+        )

@@ -1,0 +1,191 @@
+"""What every model gets around its provider: a concurrency limit, deadlines and retries."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+
+import anyio
+import msgspec
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+)
+
+from ._types import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelCallError,
+    ModelClient,
+    ModelSettings,
+    PermanentProviderError,
+    TransientProviderError,
+)
+
+__all__ = ["CallStats", "ResilientClient"]
+
+log = structlog.get_logger("mhsafeeval.providers")
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class CallStats(msgspec.Struct):
+    """Running totals for one model (read by progress displays and reports)."""
+
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retry_wait_s: float = 0.0
+
+
+class ResilientClient:
+    """Wraps a provider's :class:`ModelClient` with the policies every call needs.
+
+    * one :class:`anyio.CapacityLimiter` per model, held only while a request is in flight
+      (not while backing off), so a rate-limited model does not block its own retries;
+    * a deadline (``settings.timeout``) on every attempt;
+    * up to ``settings.max_attempts`` attempts on :class:`TransientProviderError` (timeouts
+      included), waiting full-jitter exponential backoff, or at least the provider's
+      Retry-After (capped at ``settings.max_retry_after``);
+    * a final failure raises :class:`ModelCallError`; cancellation always propagates.
+
+    ``sleep`` and ``rng`` are injectable so tests can check the waits without waiting.
+    """
+
+    def __init__(
+        self,
+        inner: ModelClient,
+        settings: ModelSettings,
+        *,
+        sleep: Sleep | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.inner = inner
+        self.settings = settings
+        self.name = inner.name
+        self.supports_json_schema = inner.supports_json_schema
+        self.limiter = anyio.CapacityLimiter(settings.max_concurrency)
+        self.stats = CallStats()
+        self._sleep: Sleep = sleep or anyio.sleep
+        self._rng = rng or random.Random()
+        self._closed = False
+
+    def _defaults(self, params: CallParams | None) -> CallParams:
+        s = self.settings
+        p = params or CallParams()
+        return msgspec.structs.replace(
+            p,
+            temperature=s.temperature if p.temperature is None else p.temperature,
+            max_tokens=s.max_tokens if p.max_tokens is None else p.max_tokens,
+            seed=s.seed if p.seed is None else p.seed,
+        )
+
+    def backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before attempt ``attempt + 1``."""
+        s = self.settings
+        ceiling = min(s.backoff_max, s.backoff_initial * 2 ** (attempt - 1))
+        wait = self._rng.uniform(0, ceiling)
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, s.max_retry_after))
+        return wait
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = exc.retry_after if isinstance(exc, TransientProviderError) else None
+        return self.backoff(state.attempt_number, retry_after)
+
+    async def _before_sleep(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.upcoming_sleep
+        self.stats.retries += 1
+        self.stats.retry_wait_s += wait
+        log.warning(
+            "provider.retry",
+            model=self.name,
+            attempt=state.attempt_number,
+            wait_s=round(wait, 3),
+            error=str(exc),
+            status=getattr(exc, "status", None),
+        )
+
+    async def _attempt(self, messages: Sequence[ChatMessage], params: CallParams) -> Completion:
+        self.stats.attempts += 1
+        async with self.limiter:
+            start = anyio.current_time()
+            try:
+                with anyio.fail_after(self.settings.timeout):
+                    done = await self.inner.complete(messages, params)
+            except TimeoutError as exc:
+                raise TransientProviderError(
+                    f"no answer within {self.settings.timeout:g}s (timeout)"
+                ) from exc
+            latency = anyio.current_time() - start
+        if not done.latency_s:
+            done = msgspec.structs.replace(done, latency_s=latency)
+        return done
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: CallParams | None = None
+    ) -> Completion:
+        """Call the model; see the class docstring for the policies applied.
+
+        Raises:
+            ModelCallError: the call failed for good (the caller records it).
+        """
+        if self._closed:
+            raise ModelCallError(self.name, 0, "client is closed", retryable=False)
+        call_params = self._defaults(params)
+        self.stats.calls += 1
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.settings.max_attempts),
+            wait=self._wait,
+            retry=retry_if_exception_type(TransientProviderError),
+            sleep=self._sleep,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            async for attempt in retrying:
+                attempts = attempt.retry_state.attempt_number
+                with attempt:
+                    done = await self._attempt(messages, call_params)
+        except TransientProviderError as exc:
+            self.stats.failures += 1
+            raise ModelCallError(
+                self.name, attempts, str(exc), retryable=True, status=exc.status
+            ) from exc
+        except PermanentProviderError as exc:
+            self.stats.failures += 1
+            raise ModelCallError(
+                self.name, attempts, str(exc), retryable=False, status=exc.status
+            ) from exc
+        self.stats.prompt_tokens += done.prompt_tokens
+        self.stats.completion_tokens += done.completion_tokens
+        return msgspec.structs.replace(done, attempts=attempts)
+
+    async def aclose(self) -> None:
+        """Close the provider's client. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self.inner.aclose()
+
+    async def __aenter__(self) -> ResilientClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.aclose()

@@ -1,0 +1,128 @@
+"""``scripted/<name>``: a deterministic model for tests and examples (no network, no weights)."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Union
+
+from ._registry import provider
+from ._types import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelSettings,
+    ProviderUnavailable,
+)
+
+__all__ = ["Reply", "Script", "ScriptedModel", "register_script", "scripted_factory"]
+
+Reply = Union[str, Completion, BaseException]  # noqa: UP007 - a runtime alias
+ScriptFn = Callable[[Sequence[ChatMessage], CallParams], Union[Reply, Awaitable[Reply]]]  # noqa: UP007
+Script = Union[Sequence[Reply], ScriptFn]  # noqa: UP007
+
+
+class ScriptedModel:
+    """A model whose answers are scripted.
+
+    ``script`` is either a list of replies, used in order (``cycle=True`` starts over at the
+    end; otherwise running out raises), or a function that sees the messages and parameters and
+    returns (or awaits) a reply. A reply that is an exception is raised, which is how tests
+    inject provider faults (e.g. ``TransientProviderError("429", retry_after=2)``).
+
+    Every call is recorded in :attr:`calls` for assertions.
+
+    Example:
+        >>> import anyio
+        >>> m = ScriptedModel("demo", ["first", "second"])
+        >>> anyio.run(m.complete, [ChatMessage("user", "hi")]).text
+        'first'
+    """
+
+    supports_json_schema = True
+
+    def __init__(self, name: str, script: Script, *, cycle: bool = False) -> None:
+        self.name = f"scripted/{name}"
+        self.calls: list[tuple[tuple[ChatMessage, ...], CallParams]] = []
+        self._fn: ScriptFn | None = None
+        self._replies: Iterator[Reply] | None = None
+        if callable(script):
+            self._fn = script
+        else:
+            replies = list(script)
+            self._replies = itertools.cycle(replies) if cycle else iter(replies)
+        self.closed = False
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: CallParams | None = None
+    ) -> Completion:
+        """Return the next scripted reply (or raise it, if it is an exception)."""
+        params = params or CallParams()
+        self.calls.append((tuple(messages), params))
+        if self._fn is not None:
+            reply = self._fn(messages, params)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        else:
+            assert self._replies is not None
+            try:
+                reply = next(self._replies)
+            except StopIteration:
+                raise ScriptExhausted(
+                    f"{self.name}: script has no reply left for call {len(self.calls)}"
+                ) from None
+        if isinstance(reply, BaseException):
+            raise reply
+        if isinstance(reply, Completion):
+            return reply
+        prompt = sum(len(m.content.split()) for m in messages)
+        return Completion(
+            text=reply,
+            finish_reason="stop",
+            prompt_tokens=prompt,
+            completion_tokens=len(reply.split()),
+            model=self.name,
+            provider_id=f"{self.name}#{len(self.calls)}",
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to release; marks the model closed."""
+        self.closed = True
+
+
+class ScriptExhausted(AssertionError):
+    """A list script ran out of replies: the test scripted too few (never a silent default)."""
+
+
+def _echo(messages: Sequence[ChatMessage], params: CallParams) -> str:
+    users = [m.content for m in messages if m.role == "user"]
+    return users[-1] if users else ""
+
+
+_scripts: dict[str, tuple[Script, bool]] = {"echo": (_echo, False)}
+
+
+def register_script(name: str, script: Script, *, cycle: bool = False) -> None:
+    """Make ``scripted/<name>`` answer with ``script`` (replacing any earlier one)."""
+    _scripts[name] = (script, cycle)
+
+
+@provider("scripted")
+def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
+    """Scripted replies for tests and examples."""
+    replies = settings.options.get("replies")
+    if replies is not None:
+        if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
+            raise ProviderUnavailable(
+                f"scripted/{model}: options.replies must be a list of strings"
+            )
+        return ScriptedModel(model, replies, cycle=bool(settings.options.get("cycle", True)))
+    if model not in _scripts:
+        known = ", ".join(sorted(_scripts))
+        raise ProviderUnavailable(
+            f"no script named {model!r} for scripted/{model} (registered: {known}); "
+            "register one with mhsafeeval.testing.register_script or set options.replies"
+        )
+    script, cycle = _scripts[model]
+    return ScriptedModel(model, script, cycle=cycle)

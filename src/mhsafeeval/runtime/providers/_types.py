@@ -1,0 +1,187 @@
+"""The provider seam: what every model client speaks, and the errors it raises."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from mhsafeeval.errors import MhSafeEvalError
+
+__all__ = [
+    "CallParams",
+    "ChatMessage",
+    "Completion",
+    "ModelCallError",
+    "ModelClient",
+    "ModelSettings",
+    "PermanentProviderError",
+    "ProviderError",
+    "ProviderUnavailable",
+    "TransientProviderError",
+]
+
+Role = Literal["system", "user", "assistant"]
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    """One chat turn sent to a model."""
+
+    role: Role
+    content: str
+
+
+class CallParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampling parameters of one call. ``None`` means "use the model's settings".
+
+    ``json_schema`` asks for output constrained to that JSON schema (providers that cannot
+    constrain output say so through :attr:`ModelClient.supports_json_schema`; callers must then
+    validate the text themselves, which they should do anyway).
+    """
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    json_schema: dict[str, Any] | None = None
+    schema_name: str = "output"
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's answer to one call, with what it cost."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    model: str = ""
+    provider_id: str = ""
+    attempts: int = 1
+
+
+class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-model settings, as written in a campaign config's ``[models.NAME]`` table.
+
+    The API key is never stored: ``api_key_env`` names the environment variable to read it from
+    when the client is opened.
+    """
+
+    provider: str
+    api_base: str | None = None
+    api_key_env: str | None = None
+    timeout: float = 60.0
+    max_concurrency: int = 4
+    temperature: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    max_attempts: int = 5
+    backoff_initial: float = 1.0
+    backoff_max: float = 60.0
+    max_retry_after: float = 300.0
+    options: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.timeout > 0, "timeout", "must be > 0 seconds"),
+            (self.max_concurrency >= 1, "max_concurrency", "must be >= 1"),
+            (self.max_attempts >= 1, "max_attempts", "must be >= 1"),
+            (self.backoff_initial >= 0, "backoff_initial", "must be >= 0"),
+            (self.backoff_max >= self.backoff_initial, "backoff_max", "must be >= backoff_initial"),
+            (self.max_retry_after >= 0, "max_retry_after", "must be >= 0"),
+            (
+                "/" in self.provider,
+                "provider",
+                "must look like 'PREFIX/MODEL', e.g. 'scripted/echo'",
+            ),
+        )
+        for ok, field, reason in checks:
+            if not ok:
+                raise ValueError(f"{reason} - at `$.{field}`")
+
+
+class ProviderError(MhSafeEvalError):
+    """Base class of provider failures."""
+
+
+class TransientProviderError(ProviderError):
+    """A failure worth retrying: rate limit, server error, timeout, dropped connection.
+
+    Args:
+        message: what happened.
+        status: HTTP status when there was one.
+        retry_after: seconds the provider asked us to wait (Retry-After), if it said.
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class PermanentProviderError(ProviderError):
+    """A failure that retrying will not fix: bad request, authentication, unknown model."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ModelCallError(ProviderError):
+    """A model call that finally failed, after ``attempts`` tries.
+
+    Callers record it (a ``CallFailed`` event); it is never turned into an empty answer.
+    """
+
+    def __init__(
+        self, model: str, attempts: int, reason: str, *, retryable: bool, status: int | None = None
+    ) -> None:
+        super().__init__(f"{model}: call failed after {attempts} attempt(s): {reason}")
+        self.model = model
+        self.attempts = attempts
+        self.reason = reason
+        self.retryable = retryable
+        self.status = status
+
+
+class ProviderUnavailable(MhSafeEvalError):
+    """No provider for an address, or its optional dependency is not installed."""
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    """An LLM behind one address, e.g. ``litellm/openai/gpt-4o-mini`` or ``scripted/echo``.
+
+    Implementations only translate: they make one call and raise
+    :class:`TransientProviderError` (worth retrying) or :class:`PermanentProviderError`.
+    :func:`mhsafeeval.runtime.providers.open_model` wraps them with what every model needs:
+    one concurrency limit per model, a deadline on every attempt, and bounded retries with
+    backoff that honours Retry-After. The wrapped client raises :class:`ModelCallError` when a
+    call finally fails.
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.runtime.providers import ModelSettings, open_model
+        >>> async def main() -> str:
+        ...     async with open_model(ModelSettings(provider="scripted/echo")) as model:
+        ...         done = await model.complete([ChatMessage("user", "hello")])
+        ...         return done.text
+        >>> anyio.run(main)
+        'hello'
+    """
+
+    name: str
+    supports_json_schema: bool
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: CallParams | None = None
+    ) -> Completion:
+        """Answer one chat. ``params`` override the model's settings for this call."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and clients. Idempotent."""
+        ...

@@ -1,0 +1,104 @@
+"""Config files: decoded strictly, and every mistake named by file, key path and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mhsafeeval.cli import main
+from mhsafeeval.config import load_config, parse_config
+from mhsafeeval.errors import InputError
+
+GOOD = """
+[campaign]
+name = "smoke"
+seed = 7
+
+[models.counselor]
+provider = "litellm/openai/gpt-4o-mini"
+api_key_env = "OPENAI_API_KEY"
+timeout = 30
+max_concurrency = 2
+temperature = 0.7
+
+[models.judge]
+provider = "scripted/echo"
+"""
+
+
+def test_good_config_decodes(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    config = load_config(path)
+    assert (config.campaign.name, config.campaign.seed) == ("smoke", 7)
+    counselor = config.models["counselor"]
+    assert (counselor.timeout, counselor.max_concurrency, counselor.temperature) == (30, 2, 0.7)
+    assert counselor.api_key_env == "OPENAI_API_KEY"
+    assert config.models["judge"].timeout == 60  # default
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        (
+            '[models.judge]\nprovider = "a/b"\ntimeout = "soon"',
+            "models.judge.timeout",
+            "expected float, got str",
+        ),
+        ('[models.judge]\nprovider = "a/b"\ntimeout = 0', "models.judge.timeout", "must be > 0"),
+        (
+            '[models.judge]\nprovider = "a/b"\ntemprature = 1',
+            "models.judge.temprature",
+            "unknown field",
+        ),
+        ("[models.judge]\ntimeout = 3", "models.judge.provider", "missing required field"),
+        ('[models.judge]\nprovider = "gpt-4o"', "models.judge.provider", "PREFIX/MODEL"),
+        (
+            '[models.judge]\nprovider = "a/b"\nmax_concurrency = 0',
+            "models.judge.max_concurrency",
+            ">= 1",
+        ),
+        (
+            '[models.judge]\nprovider = "a/b"\napi_key_env = "sk-live-123"',
+            "models.judge.api_key_env",
+            "NAME of an environment variable",
+        ),
+        ('[campaign]\nseed = "x"', "campaign.seed", "expected int"),
+        ("[campain]\nseed = 1", "campain", "unknown field"),
+        ('[logging]\nlevel = "loud"', "logging.level", "must be one of"),
+        ("models = 3", "models", "expected object"),
+    ],
+)
+def test_errors_name_file_key_and_reason(text: str, field: str, reason: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_config(text, "bad.toml")
+    err = info.value
+    assert err.source == "bad.toml"
+    assert err.field == field
+    assert reason in err.reason
+    assert str(err).startswith(f"bad.toml: {field}: ")
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"bad.toml: not valid TOML: .*line 1"):
+        parse_config("[models.judge\n", "bad.toml")
+    with pytest.raises(InputError, match="no such file"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_cli_check_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[models.judge]\nprovider = "a/b"\ntimeout = -1\n')
+    before = sorted(tmp_path.iterdir())
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: models.judge.timeout: must be > 0 seconds" in err
+    assert sorted(tmp_path.iterdir()) == before
+
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    assert main(["check", str(good)]) == 0
+    assert "campaign 'smoke', 2 model(s)" in capsys.readouterr().out

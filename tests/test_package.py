@@ -1,0 +1,103 @@
+"""Package hygiene: light import, curated public surface, layers that only talk downwards."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "mhsafeeval"
+HEAVY = ("litellm", "vllm", "llama_cpp", "aiosqlite", "openai", "httpx")
+
+
+def test_import_does_not_pull_heavy_dependencies() -> None:
+    code = (
+        "import sys, mhsafeeval, mhsafeeval.messages, mhsafeeval.runtime.providers, "
+        "mhsafeeval.testing, mhsafeeval.cli\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]"
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "mhsafeeval",
+        "mhsafeeval.runtime",
+        "mhsafeeval.runtime.providers",
+        "mhsafeeval.messages",
+        "mhsafeeval.testing",
+        "mhsafeeval.storage",
+    ],
+)
+def test_all_lists_exactly_the_public_names(module: str) -> None:
+    mod = importlib.import_module(module)
+    exported = set(mod.__all__)
+    assert all(hasattr(mod, name) for name in exported), exported - set(dir(mod))
+    # Every public class or function of ours that the module holds must be exported on purpose.
+    public = {
+        name
+        for name, value in vars(mod).items()
+        if not name.startswith("_")
+        and callable(value)
+        and getattr(value, "__module__", "").startswith("mhsafeeval")
+    }
+    assert public <= exported, public - exported
+
+
+# Who may import whom (STYLE.md): cli/composition on top; agents, judges, search, storage are
+# siblings that talk only through messages; messages above runtime; runtime at the bottom.
+LAYERS = {
+    "runtime": {"runtime", "errors"},
+    "messages": {"messages", "runtime", "errors"},
+    "config": {"config", "runtime", "errors"},
+    "errors": {"errors"},
+    "agents": {"agents", "messages", "runtime", "errors", "config"},
+    "judges": {"judges", "messages", "runtime", "errors", "config"},
+    "search": {"search", "messages", "runtime", "errors", "config"},
+    "storage": {"storage", "messages", "runtime", "errors", "config"},
+    "testing": {"testing", "runtime", "messages", "errors", "config"},
+}
+VENDOR_FREE = {"messages", "search", "judges"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+    return found
+
+
+def test_layers_import_only_downwards() -> None:
+    problems = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).parts
+        layer = rel[0].removesuffix(".py")
+        if layer not in LAYERS:
+            continue
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "mhsafeeval" and len(parts) > 1:
+                target = parts[1]
+                if target not in LAYERS[layer] and target != "__init__":
+                    problems.append(f"{path.relative_to(SRC)} imports {name}")
+            if layer in VENDOR_FREE and parts[0] in HEAVY:
+                problems.append(f"{path.relative_to(SRC)} imports vendor SDK {name}")
+    assert problems == []

@@ -1,0 +1,233 @@
+"""The provider seam: registry, scripted provider, and the resilience wrapper's policies."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import anyio
+import pytest
+from trio.testing import MockClock
+
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelCallError,
+    ModelSettings,
+    PermanentProviderError,
+    ProviderUnavailable,
+    TransientProviderError,
+    available_providers,
+    open_model,
+    provider,
+)
+from mhsafeeval.testing import ScriptedModel, ScriptExhausted, register_script
+
+pytestmark = pytest.mark.anyio
+HELLO = [ChatMessage("user", "hello")]
+
+
+class RecordingSleep:
+    """Stands in for anyio.sleep: records the requested waits, returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        await anyio.lowlevel.checkpoint()
+
+
+def settings(name: str, **kw: object) -> ModelSettings:
+    return ModelSettings(provider=f"scripted/{name}", **kw)  # type: ignore[arg-type]
+
+
+async def test_echo_and_defaults_from_settings() -> None:
+    seen: list[CallParams] = []
+
+    def script(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        seen.append(params)
+        return messages[-1].content.upper()
+
+    register_script("upper", script)
+    async with open_model(settings("upper", temperature=0.3, max_tokens=50, seed=9)) as model:
+        done = await model.complete(HELLO, CallParams(max_tokens=7))
+    assert done.text == "HELLO"
+    assert (done.finish_reason, done.attempts, done.model) == ("stop", 1, "scripted/upper")
+    assert seen == [CallParams(temperature=0.3, max_tokens=7, seed=9)]
+    assert model.stats.calls == 1 and model.stats.completion_tokens == 1
+
+
+async def test_transient_errors_are_retried_honouring_retry_after() -> None:
+    register_script(
+        "flaky",
+        [
+            TransientProviderError("429", status=429, retry_after=7.0),
+            TransientProviderError("503", status=503),
+            "finally",
+        ],
+    )
+    sleep = RecordingSleep()
+    model = open_model(
+        settings("flaky", backoff_initial=1.0, backoff_max=8.0), sleep=sleep, rng=random.Random(1)
+    )
+    done = await model.complete(HELLO)
+    assert done.text == "finally"
+    assert done.attempts == 3
+    assert len(sleep.waits) == 2
+    assert sleep.waits[0] >= 7.0  # Retry-After honoured
+    assert 0 <= sleep.waits[1] <= 2.0  # full jitter under initial * 2**(attempt-1)
+    assert model.stats.retries == 2
+
+
+async def test_retry_after_is_capped() -> None:
+    register_script("slowdown", [TransientProviderError("429", retry_after=10_000), "ok"])
+    sleep = RecordingSleep()
+    model = open_model(settings("slowdown", max_retry_after=30.0), sleep=sleep)
+    await model.complete(HELLO)
+    assert sleep.waits == [30.0]
+
+
+async def test_backoff_grows_exponentially_within_bounds() -> None:
+    model = open_model(settings("echo", backoff_initial=0.5, backoff_max=4.0), rng=random.Random(3))
+    for attempt, ceiling in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (8, 4.0)]:
+        waits = [model.backoff(attempt, None) for _ in range(200)]
+        assert min(waits) >= 0 and max(waits) <= ceiling
+        assert max(waits) > ceiling * 0.8  # really jittered over the range
+
+
+async def test_final_failure_raises_typed_error_never_an_empty_answer() -> None:
+    register_script("down", [TransientProviderError("503 unavailable", status=503)] * 3)
+    model = open_model(settings("down", max_attempts=3), sleep=RecordingSleep())
+    with pytest.raises(ModelCallError) as info:
+        await model.complete(HELLO)
+    err = info.value
+    assert (err.attempts, err.retryable, err.status, err.model) == (3, True, 503, "scripted/down")
+    assert "503 unavailable" in str(err)
+    assert model.stats.failures == 1
+
+
+async def test_permanent_errors_are_not_retried() -> None:
+    register_script("denied", [PermanentProviderError("401 bad key", status=401), "never"])
+    sleep = RecordingSleep()
+    model = open_model(settings("denied"), sleep=sleep)
+    with pytest.raises(ModelCallError) as info:
+        await model.complete(HELLO)
+    assert (info.value.attempts, info.value.retryable) == (1, False)
+    assert sleep.waits == []
+
+
+@pytest.mark.parametrize("anyio_backend", [("trio", {"clock": MockClock(autojump_threshold=0)})])
+async def test_deadline_on_every_attempt_with_a_fake_clock() -> None:
+    calls = 0
+
+    async def hangs(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(3600)
+        return "too late"
+
+    register_script("hangs", hangs)
+    start = anyio.current_time()
+    model = open_model(
+        settings("hangs", timeout=30, max_attempts=3, backoff_initial=1, backoff_max=1)
+    )
+    with pytest.raises(ModelCallError, match="timeout") as info:
+        await model.complete(HELLO)
+    elapsed = anyio.current_time() - start
+    assert calls == 3 and info.value.retryable
+    assert 90 <= elapsed <= 92  # three 30 s deadlines plus two backoffs of at most 1 s
+
+
+async def test_concurrency_limit_per_model() -> None:
+    running = peak = 0
+
+    async def tracked(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()
+        running -= 1
+        return "ok"
+
+    register_script("tracked", tracked)
+    model = open_model(settings("tracked", max_concurrency=2))
+    async with anyio.create_task_group() as tg:
+        for _ in range(7):
+            tg.start_soon(model.complete, HELLO)
+    assert peak == 2
+
+
+async def test_cancellation_is_never_turned_into_a_failure() -> None:
+    started = anyio.Event()
+
+    async def blocks(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        return ""
+
+    register_script("blocks", blocks)
+    model = open_model(settings("blocks", max_attempts=5))
+    outcome: list[str] = []
+
+    async def call() -> None:
+        try:
+            await model.complete(HELLO)
+        except ModelCallError:
+            outcome.append("failure")
+        except anyio.get_cancelled_exc_class():
+            outcome.append("cancelled")
+            raise
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await started.wait()
+        tg.cancel_scope.cancel()
+    assert outcome == ["cancelled"]
+    assert model.stats.attempts == 1
+
+
+async def test_scripted_list_runs_out_loudly() -> None:
+    model = ScriptedModel("short", ["one"])
+    assert (await model.complete(HELLO)).text == "one"
+    with pytest.raises(ScriptExhausted):
+        await model.complete(HELLO)
+
+
+async def test_scripted_replies_from_settings_and_completion_objects() -> None:
+    model = open_model(settings("anything", options={"replies": ["a", "b"]}))
+    assert [(await model.complete(HELLO)).text for _ in range(3)] == ["a", "b", "a"]
+    done = Completion(text="x", finish_reason="content_filter", model="m")
+    register_script("filtered", [done])
+    assert (
+        await open_model(settings("filtered")).complete(HELLO)
+    ).finish_reason == "content_filter"
+
+
+def test_unknown_provider_and_script_are_clear_errors() -> None:
+    with pytest.raises(ProviderUnavailable, match=r"unknown provider 'nope'.*scripted"):
+        open_model("nope/model")
+    with pytest.raises(ProviderUnavailable, match="no script named 'missing'"):
+        open_model("scripted/missing")
+    with pytest.raises(ValueError, match="PREFIX/MODEL"):
+        ModelSettings(provider="scripted")
+    with pytest.raises(ProviderUnavailable, match=r"options\.replies"):
+        open_model(settings("bad", options={"replies": "not a list"}))
+
+
+def test_register_a_provider_and_list_it() -> None:
+    @provider("unit-test-echo")
+    def make(model: str, s: ModelSettings) -> ScriptedModel:
+        """Echoes, for this test."""
+        return ScriptedModel(model, ["from plugin"])
+
+    assert available_providers()["unit-test-echo"] == "Echoes, for this test."
+    assert {"scripted", "litellm"} <= set(available_providers())
+    client = open_model("unit-test-echo/x")
+    assert client.name == "scripted/x"
+    with pytest.raises(ValueError, match="already registered"):
+        provider("unit-test-echo")(lambda m, s: make(m, s))
+    with pytest.raises(ValueError, match="without '/'"):
+        provider("a/b")

@@ -1,0 +1,333 @@
+"""The bus: routing, actor ordering, per-conversation instances, failure isolation, cancellation."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, on
+from mhsafeeval.testing import Recorder
+
+pytestmark = pytest.mark.anyio
+
+
+class Ping(Message, frozen=True, tag="test.ping"):
+    n: int = 0
+
+
+class LoudPing(Ping, frozen=True, tag="test.loud_ping"):
+    pass
+
+
+class Pong(Message, frozen=True, tag="test.pong"):
+    n: int = 0
+
+
+class Boom(Message, frozen=True, tag="test.boom"):
+    pass
+
+
+class Collector(Agent):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pings: list[int] = []
+        self.pongs: list[int] = []
+
+    @on(Ping)
+    def ping(self, msg: Ping) -> None:
+        self.pings.append(msg.n)
+
+    @on(Pong)
+    async def pong(self, msg: Pong) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.pongs.append(msg.n)
+
+
+async def test_routes_by_type_including_subclasses() -> None:
+    rec = Recorder()
+    async with Runtime() as rt:
+        agent = Collector()
+        rt.add(agent)
+        rt.subscribe(rec, name="rec")
+        rt.publish(Ping(n=1))
+        rt.publish(LoudPing(n=2))
+        rt.publish(Pong(n=3))
+        rt.publish(Boom())
+        await rt.run_until_idle()
+    assert agent.pings == [1, 2]
+    assert agent.pongs == [3]
+    assert rec.tags() == ["test.ping", "test.loud_ping", "test.pong", "test.boom"]
+
+
+async def test_topic_filter() -> None:
+    async with Runtime() as rt:
+        red, any_topic = Collector(), Collector()
+        rt.add(red, name="red", topic="red")
+        rt.add(any_topic, name="any")
+        rt.publish(Ping(n=1), topic="red")
+        rt.publish(Ping(n=2), topic="blue")
+        rt.publish(Ping(n=3))
+        await rt.run_until_idle()
+    assert red.pings == [1]
+    assert any_topic.pings == [1, 2, 3]
+
+
+class Sequential(Agent):
+    """Records the order of handling and how many handlers ran at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[int] = []
+        self.running = 0
+        self.max_running = 0
+
+    @on(Ping)
+    async def handle(self, msg: Ping) -> None:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        for _ in range(msg.n % 3 + 1):  # uneven work per message
+            await anyio.lowlevel.checkpoint()
+        self.order.append(msg.n)
+        self.running -= 1
+
+
+async def test_actor_handles_one_message_at_a_time_in_order() -> None:
+    async with Runtime() as rt:
+        agent = Sequential()
+        rt.add(agent)
+        for n in range(200):
+            rt.publish(Ping(n=n))
+        await rt.run_until_idle()
+    assert agent.order == list(range(200))
+    assert agent.max_running == 1
+
+
+class Waiter(Agent):
+    """Conversation c0 waits for an event that only conversation c1 sets."""
+
+    gate: anyio.Event
+
+    @on(Ping)
+    async def handle(self, msg: Ping) -> None:
+        if msg.conversation == "c0":
+            await type(self).gate.wait()
+            self.publish(Pong(conversation="c0", n=msg.n))
+        else:
+            type(self).gate.set()
+
+
+async def test_per_conversation_instances_run_concurrently() -> None:
+    Waiter.gate = anyio.Event()
+    rec = Recorder()
+    made: list[AgentId] = []
+
+    def factory(agent_id: AgentId) -> Agent:
+        made.append(agent_id)
+        return Waiter()
+
+    with anyio.fail_after(10):  # a serialised runtime would deadlock here
+        async with Runtime() as rt:
+            rt.register("waiter", factory, types=(Ping,), scope="conversation")
+            rt.subscribe(rec, name="rec", types=(Pong,))
+            rt.publish(Ping(conversation="c0", n=1))
+            rt.publish(Ping(conversation="c1", n=2))
+            await rt.run_until_idle()
+    assert [m.n for m in rec.of(Pong)] == [1]
+    assert made == [AgentId("waiter", "c0"), AgentId("waiter", "c1")]
+
+
+async def test_global_scope_registers_a_single_lazy_instance() -> None:
+    made: list[AgentId] = []
+
+    def factory(agent_id: AgentId) -> Agent:
+        made.append(agent_id)
+        return Collector()
+
+    async with Runtime() as rt:
+        rt.register("one", factory, types=(Ping,), scope="global")
+        for c in ("a", "b", "c"):
+            rt.publish(Ping(conversation=c))
+        await rt.run_until_idle()
+    assert made == [AgentId("one", "")]
+
+
+class Stepper(Agent):
+    """A two-step pipeline per conversation: Ping -> (slow) Pong; Boom raises."""
+
+    started: list[str]
+    finished: list[str]
+
+    @on(Ping)
+    async def step(self, msg: Ping) -> None:
+        type(self).started.append(msg.conversation)
+        await anyio.sleep(0 if msg.n == 0 else 3600)  # conversation "bad" hangs until cancelled
+        type(self).finished.append(msg.conversation)
+        self.publish(Pong(**msg.child_ids(), n=msg.n))
+
+    @on(Boom)
+    def explode(self, msg: Boom) -> None:
+        raise ValueError(f"broken in {msg.conversation}")
+
+
+async def test_handler_failure_cancels_only_its_conversation() -> None:
+    Stepper.started, Stepper.finished = [], []
+    rec = Recorder()
+    with anyio.fail_after(10):
+        async with Runtime() as rt:
+            rt.register("stepper", Stepper, scope="conversation")
+            rt.register("exploder", Stepper, scope="conversation", types=(Boom,))
+            rt.subscribe(rec, name="rec")
+            rt.publish(Ping(conversation="bad", n=1))  # in flight in another agent, hangs
+            rt.publish(Ping(conversation="good", n=0))
+            # Let both pings start before the failure arrives.
+            while len(Stepper.started) < 2:
+                await anyio.lowlevel.checkpoint()
+            rt.publish(Boom(conversation="bad", turn=4))
+            await rt.run_until_idle()
+            rt.publish(Ping(conversation="bad", n=0))  # dropped: the conversation is cancelled
+            rt.publish(Ping(conversation="good", n=0))
+            await rt.run_until_idle()
+    assert Stepper.finished == ["good", "good"]
+    failures = rec.of(HandlerFailed)
+    assert len(failures) == 1
+    failed = failures[0]
+    assert (failed.conversation, failed.turn, failed.message_type) == ("bad", 4, "test.boom")
+    assert (failed.error_type, failed.error) == ("ValueError", "broken in bad")
+    assert failed.agent == "exploder[bad]"
+    assert failed.handler == "explode"
+    assert rt.cancelled_conversations == {"bad"}
+    assert rt.dropped >= 1
+    # Observers still saw everything that was published, including the dropped ping.
+    assert [m.conversation for m in rec.of(Ping)] == ["bad", "good", "bad", "good"]
+
+
+async def test_failure_without_conversation_is_recorded_and_runtime_goes_on() -> None:
+    rec = Recorder()
+    async with Runtime() as rt:
+        rt.register("exploder", Stepper, scope="global", types=(Boom,))
+        rt.subscribe(rec, name="rec")
+        rt.publish(Boom())
+        rt.publish(Boom(key="2"))
+        await rt.run_until_idle()
+    assert len(rec.of(HandlerFailed)) == 2
+    assert rt.cancelled_conversations == frozenset()
+
+
+class Slow(Agent):
+    stopped = False
+    cancelled = False
+
+    @on(Ping)
+    async def handle(self, msg: Ping) -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            type(self).cancelled = True
+            raise
+
+    async def on_stop(self) -> None:
+        type(self).stopped = True
+
+
+async def test_cancellation_propagates_and_agents_stop() -> None:
+    Slow.stopped = Slow.cancelled = False
+    with anyio.CancelScope() as outer:
+        async with Runtime() as rt:
+            rt.add(Slow())
+            rt.publish(Ping(conversation="c"))
+            while not rt.pending:
+                await anyio.lowlevel.checkpoint()
+            await anyio.wait_all_tasks_blocked()
+            outer.cancel()
+            await rt.run_until_idle()  # cancelled here: never swallowed
+            pytest.fail("cancellation was swallowed")
+    assert outer.cancelled_caught
+    assert Slow.cancelled
+    assert Slow.stopped
+
+
+async def test_critical_observer_failure_stops_the_runtime() -> None:
+    def broken_store(msg: Message) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(ExceptionGroup) as info:
+        async with Runtime() as rt:
+            rt.subscribe(broken_store, name="store", critical=True)
+            rt.publish(Ping())
+            await rt.run_until_idle()
+            await anyio.sleep_forever()
+    assert info.group_contains(OSError, match="disk full")
+
+
+async def test_failing_non_critical_observer_does_not_loop() -> None:
+    def broken(msg: Message) -> None:
+        raise RuntimeError("observer bug")
+
+    async with Runtime() as rt:
+        rt.subscribe(broken, name="broken")
+        rt.publish(Ping())
+        await rt.run_until_idle()
+    # One failure for the Ping and one for its HandlerFailed report, which is not re-reported.
+    assert rt.failures == 2
+
+
+async def test_run_until_idle_waits_for_chains() -> None:
+    class Relay(Agent):
+        @on(Ping)
+        async def relay(self, msg: Ping) -> None:
+            await anyio.lowlevel.checkpoint()
+            if msg.n < 50:
+                self.publish(Ping(n=msg.n + 1, key=str(msg.n + 1)))
+
+    rec = Recorder()
+    async with Runtime() as rt:
+        rt.add(Relay())
+        rt.subscribe(rec, name="rec")
+        rt.publish(Ping(n=0))
+        await rt.run_until_idle()
+        assert [m.n for m in rec.of(Ping)] == list(range(51))
+        assert rt.pending == 0
+
+
+async def test_names_are_unique_and_runtime_must_run() -> None:
+    rt = Runtime()
+    with pytest.raises(RuntimeError, match="not running"):
+        rt.add(Collector())
+    async with Runtime() as rt:
+        rt.add(Collector(), name="x")
+        with pytest.raises(ValueError, match="already registered"):
+            rt.subscribe(print, name="x")
+
+
+async def test_end_conversation_stops_its_instances() -> None:
+    stopped: list[str] = []
+
+    class Tracked(Collector):
+        async def on_stop(self) -> None:
+            stopped.append(self.id.key)
+
+    async with Runtime() as rt:
+        rt.register("tracked", Tracked, scope="conversation")
+        rt.publish(Ping(conversation="a"))
+        rt.publish(Ping(conversation="b"))
+        await rt.run_until_idle()
+        rt.end_conversation("a")
+        await anyio.wait_all_tasks_blocked()
+        assert stopped == ["a"]
+    assert sorted(stopped) == ["a", "b"]
+
+
+def test_on_rejects_non_messages() -> None:
+    with pytest.raises(TypeError):
+        on(int)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        on()
+
+
+def test_overridden_handler_without_on_is_not_a_handler() -> None:
+    class Quiet(Collector):
+        def ping(self, msg: Ping) -> None:  # overrides without @on
+            pass
+
+    assert Quiet.handled_types() == (Pong,)
+    assert Collector.handled_types() == (Ping, Pong)
