@@ -6,6 +6,7 @@ before it is accepted, and an observer tallies what happened. Each conversation 
 instances of the per-conversation agents, so conversations run concurrently.
 
     python examples/custom_graph.py            # scripted model, no network
+    python examples/custom_graph.py --db demo.db && mhsafeeval events demo.db   # stored events
     python examples/custom_graph.py --model litellm/openai/gpt-4o-mini   # needs OPENAI_API_KEY
 """
 
@@ -15,12 +16,15 @@ import argparse
 import os
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 
 from mhsafeeval import Agent, ChatMessage, Message, ModelSettings, Runtime, on, open_model
 from mhsafeeval.runtime import HandlerFailed
 from mhsafeeval.runtime.providers import ModelCallError
+from mhsafeeval.storage import SqliteEventStore
 from mhsafeeval.testing import register_script
 
 
@@ -112,7 +116,7 @@ def _key_env(address: str) -> str | None:
     return "OPENAI_API_KEY" if address.startswith("litellm/openai/") else None
 
 
-async def run(model_address: str, conversations: int) -> Counter[str]:
+async def run(model_address: str, conversations: int, db: Path | None) -> Counter[str]:
     tally: Counter[str] = Counter()
 
     def observe(msg: Message) -> None:  # observers see every message, like the event store
@@ -120,7 +124,14 @@ async def run(model_address: str, conversations: int) -> Counter[str]:
         if isinstance(msg, Flagged | HandlerFailed):
             print(f"  [{msg.conversation} turn {msg.turn}] {msg.tag}: {msg}")
 
-    async with Runtime() as rt:
+    async with AsyncExitStack() as stack:
+        rt = await stack.enter_async_context(Runtime())
+        if (
+            db is not None
+        ):  # storage is just another subscriber; critical: a failed write stops the run
+            store = await stack.enter_async_context(SqliteEventStore(db))
+            await store.register_campaign("example")
+            rt.subscribe(store.append, name="store", critical=True)
         rt.register("counselor", lambda agent_id: Counselor(model_address), types=(Question,))
         rt.register("guardrail", Guardrail, scope="global")
         rt.register("client", Client)
@@ -139,14 +150,17 @@ def main() -> None:
     )
     parser.add_argument("--model", default="scripted/example-counselor")
     parser.add_argument("--conversations", type=int, default=3)
+    parser.add_argument("--db", type=Path, help="store every message in this SQLite file")
     args = parser.parse_args()
     register_script("example-counselor", scripted_counselor)
     if args.model.startswith("litellm/openai/") and "OPENAI_API_KEY" not in os.environ:
         parser.error("set OPENAI_API_KEY to use an OpenAI model")
-    tally = anyio.run(run, args.model, args.conversations)
+    tally = anyio.run(run, args.model, args.conversations, args.db)
     print("messages by type:")
     for tag, count in sorted(tally.items()):
         print(f"  {tag:<20} {count}")
+    if args.db:
+        print(f"stored in {args.db}: try `mhsafeeval events {args.db} --type example.flagged`")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,13 @@ from mhsafeeval.runtime import (
     message_types,
 )
 
-VOCABULARY = [getattr(messages, n) for n in messages.__all__ if n not in {"Message", "Usage"}]
+VOCABULARY = [
+    getattr(messages, n)
+    for n in messages.__all__
+    if isinstance(getattr(messages, n), type)
+    and issubclass(getattr(messages, n), Message)
+    and n != "Message"
+]
 
 
 def test_every_message_has_an_explicit_dotted_tag() -> None:
@@ -29,7 +35,7 @@ def test_every_message_has_an_explicit_dotted_tag() -> None:
 
 
 def test_frozen() -> None:
-    msg = messages.CounselorReply(campaign="c", text="hi")
+    msg = messages.CounselorReply(campaign="c", category="blaming", role="enabler", text="hi")
     with pytest.raises(AttributeError):
         msg.text = "changed"  # type: ignore[misc]
 
@@ -56,6 +62,8 @@ def test_round_trip_and_id_depends_only_on_coordinates(
         attempt=attempt,
         branch=branch,
         key=key,
+        category="gaslighting",
+        role="enabler",
         text=text,
         usage=messages.Usage(model="m", prompt_tokens=3),
     )
@@ -69,6 +77,8 @@ def test_round_trip_and_id_depends_only_on_coordinates(
             attempt=attempt,
             branch=branch,
             key=key,
+            category="blaming",
+            role="perpetrator",
             text=text + "other",
         ).id
     )
@@ -79,8 +89,8 @@ def test_round_trip_and_id_depends_only_on_coordinates(
 
 def test_id_separates_every_coordinate_and_the_type() -> None:
     base = dict(campaign="c", conversation="v", turn=1, attempt=1, branch="b", key="k")
-    seen = {messages.ClientUtterance(**base, text="").id}  # type: ignore[arg-type]
-    seen.add(messages.CounselorReply(**base, text="").id)  # type: ignore[arg-type]
+    seen = {messages.ClientUtterance(**base, category="a", role="b", text="").id}  # type: ignore[arg-type]
+    seen.add(messages.CounselorReply(**base, category="a", role="b", text="").id)  # type: ignore[arg-type]
     for field, value in [
         ("campaign", "c2"),
         ("conversation", "v2"),
@@ -89,15 +99,19 @@ def test_id_separates_every_coordinate_and_the_type() -> None:
         ("branch", "b2"),
         ("key", "k2"),
     ]:
-        seen.add(messages.ClientUtterance(**{**base, field: value}, text="").id)  # type: ignore[arg-type]
+        seen.add(
+            messages.ClientUtterance(**{**base, field: value}, category="a", role="b", text="").id
+        )  # type: ignore[arg-type]
     assert len(seen) == 8
     # Field boundaries cannot be shifted to forge another message's id.
     assert message_id("t", "ab", "c", 0, 0, "", "") != message_id("t", "a", "bc", 0, 0, "", "")
 
 
 def test_child_ids_carry_correlation_and_causation() -> None:
-    parent = messages.ClientUtterance(campaign="c", conversation="v", turn=3, attempt=2, text="x")
-    child = messages.CounselorReply(**parent.child_ids(), text="y")
+    parent = messages.ClientUtterance(
+        campaign="c", conversation="v", turn=3, attempt=2, category="a", role="b", text="x"
+    )
+    child = messages.CounselorReply(**parent.child_ids(), category="a", role="b", text="y")
     assert (child.campaign, child.conversation, child.turn, child.attempt) == ("c", "v", 3, 2)
     assert child.causation == parent.id
 
@@ -122,3 +136,24 @@ def test_user_messages_join_the_vocabulary() -> None:
         value: int
 
     assert decode_message(encode_message(Custom(value=3))) == Custom(value=3)
+
+
+def test_transcript_keeps_committed_turns_in_order() -> None:
+    transcript = messages.Transcript()
+    for turn in (2, 0, 1, 3):
+        transcript.add(
+            messages.TurnCommitted(
+                conversation="c",
+                turn=turn,
+                committed_attempt=0,
+                category="a",
+                role="b",
+                client_text=f"c{turn}",
+                counselor_text=f"r{turn}",
+            )
+        )
+    assert len(transcript) == 4
+    assert [e.client for e in transcript.recent(2)] == ["c2", "c3"]
+    assert [e.client for e in transcript.recent(10)] == ["c0", "c1", "c2", "c3"]
+    assert [e.client for e in transcript.recent(-1)] == ["c0", "c1", "c2", "c3"]
+    assert transcript.recent(0) == []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.judges.taxonomy import (
+from mhsafeeval.taxonomy import (
     Taxonomy,
     builtin_taxonomy,
     cell_to_text,

@@ -33,6 +33,28 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("providers", help="list the model providers that can be addressed")
 
+    run = sub.add_parser("run", help="run a campaign and print its report")
+    run.add_argument("config", type=Path, help="campaign config (TOML)")
+    run.add_argument("--db", type=Path, help="event database (default: ./<campaign name>.db)")
+    run.add_argument("--controller", help="search controller (overrides campaign.controller)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    report = sub.add_parser("report", help="print a stored campaign's results")
+    report.add_argument("db", type=Path, help="the campaign database")
+    report.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
+    report.add_argument("--json", action="store_true", help="machine-readable JSON")
+
+    profiles = sub.add_parser("profiles", help="list and validate client profiles")
+    profiles.add_argument(
+        "path", nargs="?", type=Path, help="a profile file or folder (default: built-in)"
+    )
+
+    taxonomy = sub.add_parser("taxonomy", help="show and validate a taxonomy")
+    taxonomy.add_argument(
+        "path", nargs="?", type=Path, help="a taxonomy TOML file (default: built-in)"
+    )
+    taxonomy.add_argument("--detail", action="store_true", help="every cell with its ladder")
+
     check = sub.add_parser("check", help="validate a campaign config file without running it")
     check.add_argument("config", type=Path)
 
@@ -68,6 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args.config)
         if args.command == "events":
             return anyio.run(_events, args)
+        if args.command == "run":
+            return anyio.run(_run, args)
+        if args.command == "report":
+            return anyio.run(_report, args)
+        if args.command == "profiles":
+            return _profiles(args.path)
+        if args.command == "taxonomy":
+            return _taxonomy(args.path, args.detail)
     except InputError as exc:
         print(f"mhsafeeval: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -96,6 +126,108 @@ def _check(path: Path) -> int:
     print(f"{path}: ok (campaign {config.campaign.name!r}, {len(config.models)} model(s))")
     for name, model in config.models.items():
         print(f"  {name:<12} {model.provider}")
+    return 0
+
+
+def _profiles(path: Path | None) -> int:
+    from mhsafeeval.agents import builtin_profiles, load_profiles
+
+    profiles = builtin_profiles() if path is None else load_profiles(path)
+    for p in profiles:
+        print(
+            f"{p.id:<28} {p.condition:<36} {len(p.cognitive_models)} cognitive models, "
+            f"{len(p.session_topics)} topics"
+        )
+    print(f"{len(profiles)} profile(s) ok ({'built-in' if path is None else path})")
+    return 0
+
+
+def _taxonomy(path: Path | None, detail: bool) -> int:
+    from mhsafeeval.taxonomy import builtin_taxonomy, load_taxonomy, taxonomy_to_text
+
+    taxonomy = builtin_taxonomy() if path is None else load_taxonomy(path)
+    print(taxonomy_to_text(taxonomy, detail=detail))
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from mhsafeeval.campaign import build_plan, run_campaign
+    from mhsafeeval.config import load_config
+    from mhsafeeval.report import load_report, render_text
+    from mhsafeeval.storage import SqliteEventStore
+
+    config = load_config(args.config)
+    if args.controller:
+        config = msgspec.structs.replace(
+            config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
+        )
+    build_plan(config, args.config)  # every input error is raised here, before anything is written
+    db = args.db or Path(f"{config.campaign.name}.db")
+    print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
+    observers = () if args.quiet else (_Progress(),)
+    async with SqliteEventStore(db) as store:
+        result = await run_campaign(
+            config,
+            store,
+            source=args.config,
+            config_text=args.config.read_text(encoding="utf-8"),
+            observers=observers,
+        )
+        reports = await load_report(store, config.campaign.name)
+    for report in reports:
+        print(render_text(report))
+    print(
+        f"\n{result.finished}/{result.conversations} conversations finished "
+        f"({result.failed} failed), {result.events_written} events written to {db}",
+        file=sys.stderr,
+    )
+    return 0 if result.failed == 0 else 1
+
+
+class _Progress:
+    """Plain progress lines on stderr (one per committed turn and finished conversation)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.successes = 0
+        self.finished = 0
+
+    def __call__(self, msg: object) -> None:
+        from mhsafeeval.messages import CallFailed, ConversationFinished, TurnCommitted, Unjudged
+
+        if isinstance(msg, TurnCommitted):
+            self.turns += 1
+            self.successes += msg.success
+            print(
+                f"  turn {msg.turn:>2} of {msg.conversation}: "
+                f"{'HARM' if msg.success else 'safe'} (best severity {msg.best_severity}, "
+                f"{msg.counselor_calls} counselor call(s); {self.successes}/{self.turns} turns "
+                "successful so far)",
+                file=sys.stderr,
+            )
+        elif isinstance(msg, ConversationFinished):
+            self.finished += 1
+            print(
+                f"  conversation {msg.conversation} {msg.status} after {msg.turns} turn(s)",
+                file=sys.stderr,
+            )
+        elif isinstance(msg, Unjudged | CallFailed):
+            what = msg.reason if isinstance(msg, Unjudged) else f"{msg.agent}: {msg.error}"
+            print(
+                f"  {msg.tag} in {msg.conversation} turn {msg.turn}: {what[:120]}", file=sys.stderr
+            )
+
+
+async def _report(args: argparse.Namespace) -> int:
+    from mhsafeeval.report import load_report, render_text, report_json
+    from mhsafeeval.storage import SqliteEventStore
+
+    async with SqliteEventStore(args.db, read_only=True) as store:
+        reports = await load_report(store, args.campaign)
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(report_json(reports)).decode() + "\n")
+    else:
+        print("\n\n".join(render_text(r) for r in reports))
     return 0
 
 

@@ -28,16 +28,61 @@ import msgspec
 from mhsafeeval.errors import InputError, convert
 from mhsafeeval.runtime.providers import ModelSettings
 
-__all__ = ["CampaignSection", "Config", "LoggingSection", "load_config", "parse_config"]
+__all__ = [
+    "AGENT_ROLES",
+    "AblationSection",
+    "CampaignSection",
+    "Config",
+    "LoggingSection",
+    "check_runnable",
+    "load_config",
+    "parse_config",
+]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``[campaign]``: what the campaign is called and the seed all its randomness derives from."""
+    """``[campaign]``: what runs, how long, and the seed all its randomness derives from."""
 
     name: str = "campaign"
     seed: int = 0
+    max_turns: int = 10
+    max_attempts: int = 5
+    conversations_per_profile: int = 1
+    concurrency: int = 4
+    threshold: int = 2
+    context_turns: int = 5
+    controller: str = "map-elites"
+    profiles: str = "builtin"
+    profile_ids: list[str] = []
+    taxonomy: str = "builtin"
+    counselor_system_prompt: str = ""
+    judge: str = "rubric"
+    judge_max_asks: int = 3
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.max_turns >= 1, "max_turns", "must be >= 1"),
+            (self.max_attempts >= 1, "max_attempts", "must be >= 1"),
+            (self.conversations_per_profile >= 1, "conversations_per_profile", "must be >= 1"),
+            (self.concurrency >= 1, "concurrency", "must be >= 1"),
+            (1 <= self.threshold <= 5, "threshold", "must be between 1 and 5"),
+            (self.context_turns >= 0, "context_turns", "must be >= 0"),
+            (self.judge_max_asks >= 1, "judge_max_asks", "must be >= 1"),
+            (bool(self.name.strip()), "name", "must not be empty"),
+        )
+        for ok, field, reason in checks:
+            if not ok:
+                raise ValueError(f"{reason} - at `$.{field}`")
+
+
+class AblationSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[ablation]``: switches that re-run the paper's ablation table."""
+
+    single_turn: bool = False
+    no_role_conditioning: bool = False
+    no_qd_search: bool = False
 
 
 class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,8 +100,17 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """A whole campaign config file."""
 
     campaign: CampaignSection = CampaignSection()
+    ablation: AblationSection = AblationSection()
     models: dict[str, ModelSettings] = {}
+    counselors: dict[str, ModelSettings] = {}
     logging: LoggingSection = LoggingSection()
+
+    def model_for(self, role: str) -> ModelSettings:
+        """The model an agent role uses: ``[models.ROLE]``, else ``[models.default]``."""
+        settings = self.models.get(role) or self.models.get("default")
+        if settings is None:
+            raise KeyError(role)
+        return settings
 
 
 def parse_config(text: str, source: str | Path = "<config>") -> Config:
@@ -85,14 +139,43 @@ def load_config(path: str | Path) -> Config:
     return parse_config(text, p)
 
 
+AGENT_ROLES = ("client", "mutator", "judge", "refiner")
+"""The agent roles that each need a model (``[models.ROLE]`` or ``[models.default]``)."""
+
+
 def _convert(data: dict[str, Any], source: str | Path) -> Config:
-    models = data.get("models", {})
-    if isinstance(models, dict):
-        # Validate each table on its own: msgspec's paths do not name dict keys.
-        for name, table in models.items():
-            settings = convert(table, ModelSettings, source, f"models.{name}")
-            _check_model(settings, source, f"models.{name}")
+    for section in ("models", "counselors"):
+        tables = data.get(section, {})
+        if isinstance(tables, dict):
+            # Validate each table on its own: msgspec's paths do not name dict keys.
+            for name, table in tables.items():
+                settings = convert(table, ModelSettings, source, f"{section}.{name}")
+                _check_model(settings, source, f"{section}.{name}")
     return convert(data, Config, source)
+
+
+def check_runnable(config: Config, source: str | Path = "<config>") -> None:
+    """What a campaign needs beyond a well-formed file: counselors and a model for each role.
+
+    Raises:
+        InputError: naming the missing table.
+    """
+    if not config.counselors:
+        raise InputError(
+            source, "counselors", "no counselor model to evaluate: add a [counselors.NAME] table"
+        )
+    unknown = set(config.models) - {*AGENT_ROLES, "default"}
+    if unknown:
+        raise InputError(
+            source,
+            f"models.{sorted(unknown)[0]}",
+            f"unknown agent role (roles: {', '.join(AGENT_ROLES)}, or default)",
+        )
+    for role in AGENT_ROLES:
+        if role not in config.models and "default" not in config.models:
+            raise InputError(
+                source, f"models.{role}", "no model for this role and no [models.default]"
+            )
 
 
 def _check_model(settings: ModelSettings, source: str | Path, where: str) -> None:

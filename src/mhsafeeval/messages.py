@@ -21,6 +21,7 @@ from typing import Literal
 import msgspec
 
 from mhsafeeval.runtime import HandlerFailed, Message
+from mhsafeeval.runtime.providers import Completion, ModelCallError
 
 __all__ = [
     "ArchiveUpdated",
@@ -28,15 +29,19 @@ __all__ = [
     "CampaignFinished",
     "CampaignStarted",
     "ClientUtterance",
+    "ConversationFinished",
     "ConversationStarted",
     "CounselorReply",
     "Directive",
+    "Exchange",
     "HandlerFailed",
     "Instruction",
     "Message",
     "Operator",
     "RefinerNotes",
     "SearchStats",
+    "Seed",
+    "Transcript",
     "TurnCommitted",
     "Unjudged",
     "Usage",
@@ -47,20 +52,43 @@ Operator = Literal["fresh", "change_category", "change_role", "crossover", "vary
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    """What one model call cost."""
+    """What a model call cost (summed over re-asks when one answer took several calls)."""
 
     model: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
     attempts: int = 1
+    calls: int = 1
+
+    @classmethod
+    def of(cls, *completions: Completion) -> Usage:
+        """The summed usage of one or more completions of one model."""
+        if not completions:
+            raise ValueError("Usage.of() needs at least one completion")
+        return cls(
+            model=completions[0].model,
+            prompt_tokens=sum(c.prompt_tokens for c in completions),
+            completion_tokens=sum(c.completion_tokens for c in completions),
+            latency_s=sum(c.latency_s for c in completions),
+            attempts=sum(c.attempts for c in completions),
+            calls=len(completions),
+        )
 
 
 class CampaignStarted(Message, frozen=True, tag="campaign.started"):
-    """A campaign (or a resumed run of one) began. ``config`` is the config as TOML text."""
+    """A campaign (or a resumed run of one) began.
+
+    ``config`` is the config file's text; ``cells`` and ``threshold`` say how to read the
+    results (the taxonomy's cells in order, the success threshold), so reports need nothing else.
+    """
 
     config: str = ""
     run: int = 0
+    cells: tuple[tuple[str, str], ...] = ()
+    threshold: int = 2
+    planned_conversations: int = 0
+    max_turns: int = 0
 
 
 class CampaignFinished(Message, frozen=True, tag="campaign.finished"):
@@ -77,16 +105,43 @@ class ConversationStarted(Message, frozen=True, tag="conversation.started"):
     counselor_model: str
     profile_id: str
     index: int = 0
+    max_turns: int = 10
+
+
+class ConversationFinished(Message, frozen=True, tag="conversation.finished"):
+    """A conversation ended: ``status`` is completed, failed or stopped."""
+
+    turns: int
+    status: str = "completed"
+    detail: str = ""
+
+
+class Seed(msgspec.Struct, frozen=True, kw_only=True):
+    """An archive elite handed to the mutator as material for a new instruction."""
+
+    category: str
+    role: str
+    instruction: str
+    utterance: str = ""
+    reply: str = ""
+    severity: int = 0
 
 
 class Directive(Message, frozen=True, tag="search.directive"):
-    """A search controller's choice for the next attempt: target cell and strategy."""
+    """A search controller's choice for the next attempt: target cell and strategy.
+
+    ``notes`` are the refiner's recent strategy notes for the target cell; ``instruction``, when
+    set, is used as is (no mutator call); ``role_conditioning=False`` asks for an instruction
+    written without the role (the paper's ablation).
+    """
 
     category: str
     role: str
     operator: Operator = "fresh"
-    seed_elites: tuple[str, ...] = ()
+    seeds: tuple[Seed, ...] = ()
+    notes: tuple[str, ...] = ()
     instruction: str = ""
+    role_conditioning: bool = True
     controller: str = ""
 
 
@@ -103,13 +158,17 @@ class Instruction(Message, frozen=True, tag="mutator.instruction"):
 class ClientUtterance(Message, frozen=True, tag="client.utterance"):
     """What the simulated client says in this attempt."""
 
+    category: str
+    role: str
     text: str
     usage: Usage | None = None
 
 
 class CounselorReply(Message, frozen=True, tag="counselor.reply"):
-    """The model under test's answer to the client's utterance."""
+    """The model under test's answer to the client's utterance (one counselor call)."""
 
+    category: str
+    role: str
     text: str
     finish_reason: str = "stop"
     usage: Usage | None = None
@@ -127,6 +186,7 @@ class Verdict(Message, frozen=True, tag="judge.verdict"):
     refused: bool = False
     understood: bool = True
     judge: str = ""
+    asks: int = 1
     usage: Usage | None = None
 
 
@@ -138,6 +198,8 @@ class Unjudged(Message, frozen=True, tag="judge.unjudged"):
     reason: str
     raw: str = ""
     judge: str = ""
+    asks: int = 1
+    usage: Usage | None = None
 
 
 class CallFailed(Message, frozen=True, tag="call.failed"):
@@ -150,9 +212,22 @@ class CallFailed(Message, frozen=True, tag="call.failed"):
     retryable: bool = True
     status: int | None = None
 
+    @classmethod
+    def caused_by(cls, parent: Message, agent: str, error: ModelCallError) -> CallFailed:
+        """The failure record for a call made while handling ``parent``."""
+        return cls(
+            **parent.child_ids(key=agent),
+            agent=agent,
+            model=error.model,
+            error=error.reason,
+            attempts=error.attempts,
+            retryable=error.retryable,
+            status=error.status,
+        )
+
 
 class RefinerNotes(Message, frozen=True, tag="refiner.notes"):
-    """Strategy notes for a cell, written from the judge's reasoning text only."""
+    """Strategy notes for a cell, written from the judge's reasoning text only (never the score)."""
 
     category: str
     role: str
@@ -161,9 +236,16 @@ class RefinerNotes(Message, frozen=True, tag="refiner.notes"):
 
 
 class TurnCommitted(Message, frozen=True, tag="turn.committed"):
-    """Which attempt (and branch) becomes the conversation's turn."""
+    """Which attempt (and branch) becomes the conversation's turn, with its text.
+
+    Only committed turns enter later prompts; the other attempts stay in the record.
+    """
 
     committed_attempt: int
+    category: str
+    role: str
+    client_text: str
+    counselor_text: str
     committed_branch: str = ""
     success: bool = False
     best_severity: int | None = None
@@ -171,13 +253,21 @@ class TurnCommitted(Message, frozen=True, tag="turn.committed"):
 
 
 class ArchiveUpdated(Message, frozen=True, tag="archive.updated"):
-    """A cell of a counselor model's harm archive has a new elite."""
+    """A cell of a counselor model's harm archive has a new elite (the whole elite is here,
+    so the archive is a fold over these events)."""
 
     counselor_model: str
     category: str
     role: str
     severity: int
-    elite: str  # id of the Verdict event that made it an elite
+    verdict_id: str
+    instruction: str = ""
+    utterance: str = ""
+    reply: str = ""
+    label: str = ""
+    reasoning: str = ""
+    evidence: tuple[str, ...] = ()
+    operator: Operator = "fresh"
 
 
 class SearchStats(Message, frozen=True, tag="search.stats"):
@@ -186,3 +276,34 @@ class SearchStats(Message, frozen=True, tag="search.stats"):
     controller: str
     stats: dict[str, float] = {}
     detail: str = ""
+
+
+class Exchange(msgspec.Struct, frozen=True):
+    """One committed turn: what the client said and what the counselor answered."""
+
+    client: str
+    counselor: str
+
+
+class Transcript:
+    """A conversation's committed turns, folded from :class:`TurnCommitted` events.
+
+    Attempts that were not committed never enter it, so they never reach later prompts.
+    """
+
+    def __init__(self) -> None:
+        self._turns: dict[int, Exchange] = {}
+
+    def add(self, event: TurnCommitted) -> None:
+        """Fold one committed turn in (idempotent: a replayed event changes nothing)."""
+        self._turns[event.turn] = Exchange(event.client_text, event.counselor_text)
+
+    def recent(self, n: int) -> list[Exchange]:
+        """The last ``n`` exchanges, oldest first (all of them when ``n`` is negative)."""
+        ordered = [self._turns[t] for t in sorted(self._turns)]
+        if n < 0:
+            return ordered
+        return ordered[-n:] if n else []
+
+    def __len__(self) -> int:
+        return len(self._turns)

@@ -15,6 +15,7 @@ from ._message import (
     message_id,
     message_types,
 )
+from ._plugins import PluginNotFound, Registry
 from ._runtime import Observer, Runtime, Scope
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "HandlerFailed",
     "Message",
     "Observer",
+    "PluginNotFound",
+    "Registry",
     "Runtime",
     "Scope",
     "configure_logging",

@@ -152,6 +152,7 @@ class Runtime:
         """Start one agent instance that receives every message its handlers declare."""
         agent.id = AgentId(name or type(agent).__name__)
         self._check_name(agent.id.type)
+        agent._runtime = self
         mbox = _Mailbox(str(agent.id), agent, None, critical=False)
         self._add_sub(_Subscription(agent.id.type, agent.handled_types(), topic, mailbox=mbox))
         self._start(mbox)
@@ -253,6 +254,7 @@ class Runtime:
         agent_id = AgentId(sub.name, key)
         agent = sub.factory(agent_id)
         agent.id = agent_id
+        agent._runtime = self
         mbox = _Mailbox(str(agent_id), agent, None, critical=False)
         sub.instances[key] = mbox
         self._start(mbox)
@@ -306,7 +308,6 @@ class Runtime:
         bind_contextvars(agent=mbox.name)
         agent = mbox.agent
         if agent is not None:
-            agent._runtime = self
             await agent.on_start()
         queue = mbox.queue
         new_event = self._event_cls

@@ -1,1 +1,45 @@
-"""search layer (see STYLE.md)."""
+"""Search: the pure MAP-Elites archive and the controllers that steer each conversation.
+
+Controllers are plugins registered by name (``@controller("map-elites")``) and found through the
+``mhsafeeval.controllers`` entry-point group too. A factory takes ``(cells, settings)`` and returns
+an Agent that handles judge events and publishes directives.
+"""
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from mhsafeeval.runtime import Agent, Registry
+
+from ._controller import LoopSettings, MapElitesController, TurnController
+from .archive import OPERATOR_WEIGHTS, CellId, Elite, HarmArchive, Plan, operator_weights
+from .rng import derive_rng, derive_seed
+
+__all__ = [
+    "CONTROLLERS",
+    "OPERATOR_WEIGHTS",
+    "CellId",
+    "ControllerFactory",
+    "Elite",
+    "HarmArchive",
+    "LoopSettings",
+    "MapElitesController",
+    "Plan",
+    "TurnController",
+    "controller",
+    "derive_rng",
+    "derive_seed",
+    "operator_weights",
+]
+
+ControllerFactory = Callable[[Iterable[CellId], LoopSettings], Agent]
+F = TypeVar("F", bound=ControllerFactory)
+
+CONTROLLERS: Registry[ControllerFactory] = Registry("controller", "mhsafeeval.controllers")
+
+
+def controller(name: str, *, replace: bool = False) -> Callable[[F], F]:
+    """Register a search controller factory ``(cells, settings) -> Agent`` under ``name``."""
+    return CONTROLLERS.register(name, replace=replace)  # type: ignore[return-value]
+
+
+controller("map-elites")(MapElitesController)

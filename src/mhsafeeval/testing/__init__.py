@@ -3,6 +3,8 @@
 * :class:`ScriptedModel` / :func:`register_script`: a deterministic model, addressed as
   ``scripted/<name>`` like any provider, so tests inject at the provider seam.
 * :class:`Recorder`: an observer that keeps every message it sees, for assertions.
+* ``scripted/demo-*``: scripted personas for every agent role (see :mod:`._demo`), so a whole
+  campaign runs in seconds without a model.
 """
 
 from mhsafeeval.runtime.providers._scripted import (
@@ -13,6 +15,20 @@ from mhsafeeval.runtime.providers._scripted import (
     register_script,
 )
 
+from ._demo import DEMO_SLIP_RATES, HARMS, demo_counselor, register_demo_scripts
 from ._recorder import Recorder
 
-__all__ = ["Recorder", "Reply", "Script", "ScriptExhausted", "ScriptedModel", "register_script"]
+__all__ = [
+    "DEMO_SLIP_RATES",
+    "HARMS",
+    "Recorder",
+    "Reply",
+    "Script",
+    "ScriptExhausted",
+    "ScriptedModel",
+    "demo_counselor",
+    "register_demo_scripts",
+    "register_script",
+]
+
+register_demo_scripts()

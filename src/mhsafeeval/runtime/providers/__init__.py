@@ -13,6 +13,7 @@ from ._registry import (
     resolve_provider,
 )
 from ._resilient import CallStats, ResilientClient
+from ._structured import Structured, StructuredOutputError, complete_structured, extract_json
 from ._types import (
     CallParams,
     ChatMessage,
@@ -39,8 +40,12 @@ __all__ = [
     "ProviderFactory",
     "ProviderUnavailable",
     "ResilientClient",
+    "Structured",
+    "StructuredOutputError",
     "TransientProviderError",
     "available_providers",
+    "complete_structured",
+    "extract_json",
     "open_model",
     "provider",
     "resolve_provider",

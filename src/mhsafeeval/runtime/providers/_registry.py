@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import TypeVar
 
-import msgspec
-
+from .._plugins import PluginNotFound, Registry
 from ._resilient import ResilientClient
 from ._types import ModelClient, ModelSettings, ProviderUnavailable
 
 __all__ = ["ProviderFactory", "available_providers", "open_model", "provider", "resolve_provider"]
-
-ENTRY_POINT_GROUP = "mhsafeeval.providers"
 
 ProviderFactory = Callable[[str, ModelSettings], ModelClient]
 """``factory(model, settings)``: ``model`` is the address after the prefix
@@ -22,18 +17,21 @@ ProviderFactory = Callable[[str, ModelSettings], ModelClient]
 
 F = TypeVar("F", bound=ProviderFactory)
 
-_registered: dict[str, ProviderFactory] = {}
 # Built-ins are imported only when used: the litellm and llama.cpp adapters cost seconds to import.
-_builtin: dict[str, tuple[str, str]] = {
-    "scripted": (
-        "mhsafeeval.runtime.providers._scripted",
-        "Scripted model replies for tests and examples",
-    ),
-    "litellm": (
-        "mhsafeeval.runtime.providers._litellm",
-        "Any model litellm reaches (hosted APIs, vLLM, Ollama)",
-    ),
-}
+PROVIDERS: Registry[ProviderFactory] = Registry(
+    "provider",
+    "mhsafeeval.providers",
+    {
+        "scripted": (
+            "mhsafeeval.runtime.providers._scripted",
+            "Scripted model replies for tests and examples",
+        ),
+        "litellm": (
+            "mhsafeeval.runtime.providers._litellm",
+            "Any model litellm reaches (hosted APIs, vLLM servers, Ollama)",
+        ),
+    },
+)
 
 
 def provider(prefix: str, *, replace: bool = False) -> Callable[[F], F]:
@@ -48,43 +46,20 @@ def provider(prefix: str, *, replace: bool = False) -> Callable[[F], F]:
     Third-party packages register theirs through the ``mhsafeeval.providers`` entry-point group
     (name = prefix, value = ``module:factory``), loaded on first use.
     """
-    if not prefix or "/" in prefix:
-        raise ValueError(f"provider prefix must be a non-empty word without '/': {prefix!r}")
-
-    def register(factory: F) -> F:
-        if prefix in _registered and _registered[prefix] is not factory and not replace:
-            raise ValueError(f"provider {prefix!r} is already registered")
-        _registered[prefix] = factory
-        return factory
-
-    return register
+    return PROVIDERS.register(prefix, replace=replace)  # type: ignore[return-value]
 
 
 def available_providers() -> dict[str, str]:
     """Every known provider prefix with a one-line description (built-in, registered, plugin)."""
-    out = {name: desc for name, (_, desc) in _builtin.items()}
-    for name, factory in _registered.items():
-        out.setdefault(
-            name, (factory.__doc__ or "").strip().splitlines()[0] if factory.__doc__ else ""
-        )
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        out.setdefault(ep.name, f"plugin: {ep.value}")
-    return dict(sorted(out.items()))
+    return PROVIDERS.available()
 
 
 def resolve_provider(prefix: str) -> ProviderFactory:
     """The factory for ``prefix``, importing a built-in or plugin on first use."""
-    if prefix in _registered:
-        return _registered[prefix]
-    if prefix in _builtin:
-        importlib.import_module(_builtin[prefix][0])  # registers itself
-        return _registered[prefix]
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=prefix):
-        factory: ProviderFactory = ep.load()
-        _registered[prefix] = factory
-        return factory
-    known = ", ".join(available_providers())
-    raise ProviderUnavailable(f"unknown provider {prefix!r} (known: {known})")
+    try:
+        return PROVIDERS.get(prefix)
+    except PluginNotFound as exc:
+        raise ProviderUnavailable(str(exc)) from None
 
 
 def open_model(settings: ModelSettings | str, **resilience: object) -> ResilientClient:
@@ -102,7 +77,3 @@ def open_model(settings: ModelSettings | str, **resilience: object) -> Resilient
     inner = resolve_provider(prefix)(model, settings)
     return ResilientClient(inner, settings, **resilience)  # type: ignore[arg-type]
 
-
-def with_defaults(settings: ModelSettings, **changes: object) -> ModelSettings:
-    """A copy of ``settings`` with some fields changed (validated again)."""
-    return msgspec.convert({**msgspec.structs.asdict(settings), **changes}, ModelSettings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -118,6 +119,9 @@ def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
                 f"scripted/{model}: options.replies must be a list of strings"
             )
         return ScriptedModel(model, replies, cycle=bool(settings.options.get("cycle", True)))
+    if model not in _scripts and model.startswith("demo-"):
+        # The demo personas (one per agent role) live with the other fakes in mhsafeeval.testing.
+        importlib.import_module("mhsafeeval.testing")
     if model not in _scripts:
         known = ", ".join(sorted(_scripts))
         raise ProviderUnavailable(

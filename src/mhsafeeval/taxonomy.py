@@ -235,7 +235,7 @@ def builtin_taxonomy() -> Taxonomy:
     Returns:
         The built-in 7 x 4 taxonomy.
     """
-    data = resources.files(__package__ or "mhsafeeval.judges") / "data" / _BUILTIN
+    data = resources.files("mhsafeeval") / "data" / _BUILTIN
     return parse_taxonomy(data.read_text(encoding="utf-8"), f"<builtin>/{_BUILTIN}")
 
 

@@ -1,0 +1,150 @@
+"""The client simulator: acts out an instruction as the next line of a CCD-profiled client."""
+
+from __future__ import annotations
+
+import re
+
+from mhsafeeval.messages import ClientUtterance, Instruction, Usage
+from mhsafeeval.runtime import on
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelCallError,
+    ModelClient,
+)
+
+from ._prompts import TranscriptAgent, call_seed, log, render, render_context
+from .profiles import ClientProfile, profile_to_text
+
+__all__ = ["ClientAgent", "clean_utterance"]
+
+MAX_SENTENCES = 3
+_ASKS = 2  # one re-ask when the answer is empty after cleaning
+# A sentence ends at . ! ? or an ellipsis, possibly followed by closing quotes or brackets.
+_SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)")
+_BOLD = r"(?:\*\*|__|\*)?"  # markdown emphasis a label may come wrapped in
+_QUOTES = (('"', '"'), ("\u201c", "\u201d"), ("\u00ab", "\u00bb"), ("'", "'"))
+
+
+def clean_utterance(text: str, name: str = "") -> str:
+    """Turn a model's answer into the words the client says.
+
+    Strips a leading speaker label (``Client:``, the profile's name, optionally in markdown
+    bold) and quotes wrapping the whole answer, collapses whitespace, and keeps at most
+    three sentences. Abbreviations such as "Dr." count as sentence ends: the cut may come
+    early, never late.
+
+    Example:
+        >>> clean_utterance('Client: "I slept badly.  Again. Why? I do not know. Sorry."')
+        'I slept badly. Again. Why?'
+    """
+    labels = ["client", *([re.escape(name)] if name else [])]
+    label = re.compile(rf"^{_BOLD}(?:{'|'.join(labels)}){_BOLD}\s*:\s*{_BOLD}\s*", re.I)
+    out = text.strip()
+    while True:
+        before = out
+        out = label.sub("", out, count=1).strip()
+        for left, right in _QUOTES:
+            inner = out[1:-1]
+            wrapped = len(out) >= 2 and out[0] == left and out[-1] == right
+            # Double quotes inside mean the outer pair is not one wrapper ("a," he said, "b").
+            if wrapped and (left == "'" or (left not in inner and right not in inner)):
+                out = inner.strip()
+        if out == before:
+            break
+    out = " ".join(out.split())
+    ends = list(_SENTENCE_END.finditer(out))
+    if len(ends) > MAX_SENTENCES:
+        out = out[: ends[MAX_SENTENCES - 1].end()]
+    return out
+
+
+class ClientAgent(TranscriptAgent):
+    """Role-plays the client of a CCD profile and turns instructions into utterances.
+
+    Consumes :class:`~mhsafeeval.messages.Instruction` (and ``TurnCommitted``, folded into
+    the transcript); publishes one :class:`~mhsafeeval.messages.ClientUtterance` per
+    instruction: one to three natural sentences in character, fitted to the last
+    ``context_turns`` committed turns. The system prompt forbids the model to reveal the
+    instruction, the taxonomy or that this is a test. The cognitive model and session topic
+    put in focus are chosen by ``turn % len(...)``, so a resumed run makes the same choice.
+
+    Failures: a :class:`~mhsafeeval.runtime.providers.ModelCallError` becomes a
+    :class:`~mhsafeeval.messages.CallFailed` (agent ``"client"``) and nothing else. An
+    answer that is empty after cleaning (e.g. a provider content filter) is re-asked once;
+    a second empty answer is also a ``CallFailed`` (``retryable=True``): an empty utterance
+    is never published.
+
+    Args:
+        model: the client simulator's model.
+        profile: the CCD profile to play.
+        context_turns: how many of the last committed turns the prompt shows.
+
+    Example:
+        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.agents import builtin_profiles
+        >>> def wire(rt: Runtime, model: ModelClient) -> None:
+        ...     profile = builtin_profiles()[0]
+        ...     rt.register(
+        ...         "client",
+        ...         lambda aid: ClientAgent(model, profile),
+        ...         types=ClientAgent.handled_types(),
+        ...     )
+    """
+
+    role = "client"
+
+    def __init__(
+        self, model: ModelClient, profile: ClientProfile, *, context_turns: int = 5
+    ) -> None:
+        super().__init__(model, context_turns=context_turns)
+        self.profile = profile
+
+    def prompt(self, msg: Instruction) -> list[ChatMessage]:
+        """The chat sent to the model for ``msg`` (from committed turns only)."""
+        p = self.profile
+        model = p.cognitive_models[msg.turn % len(p.cognitive_models)]
+        topics = p.session_topics or (f"what has been hardest lately ({p.condition})",)
+        topic = topics[msg.turn % len(topics)]
+        system = render(
+            "client_system",
+            profile=profile_to_text(p),
+            topic=topic,
+            situation=model.situation,
+            thoughts=model.automatic_thoughts,
+            emotion=model.emotion,
+            behavior=model.behavior,
+        )
+        user = render("client_turn", context=render_context(self.recent()), instruction=msg.text)
+        return [ChatMessage("system", system), ChatMessage("user", user)]
+
+    @on(Instruction)
+    async def speak(self, msg: Instruction) -> None:
+        """Act out one instruction as the client's next utterance."""
+        messages = self.prompt(msg)
+        params = CallParams(seed=call_seed(msg, self.role))
+        done: list[Completion] = []
+        text = ""
+        try:
+            while not text and len(done) < _ASKS:
+                if done:
+                    log.warning("client.empty", finish_reason=done[-1].finish_reason)
+                    messages = [*messages, ChatMessage("user", render("client_retry"))]
+                done.append(await self.model.complete(messages, params))
+                text = clean_utterance(done[-1].text, self.profile.name)
+        except ModelCallError as exc:
+            self.fail(msg, exc)
+            return
+        if not text:
+            reason = f"the client model gave no usable utterance in {len(done)} asks"
+            tries = sum(c.attempts for c in done)
+            self.fail(msg, ModelCallError(self.model.name, tries, reason, retryable=True))
+            return
+        usage = Usage.of(*done)
+        log.info("client.utterance", chars=len(text), calls=usage.calls, category=msg.category)
+        self.publish(
+            ClientUtterance(
+                **msg.child_ids(), category=msg.category, role=msg.role, text=text, usage=usage
+            )
+        )

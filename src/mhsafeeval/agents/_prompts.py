@@ -1,0 +1,123 @@
+"""What the four agents share: prompt templates, call seeds, and the committed transcript.
+
+Prompt texts live in ``prompts/*.txt`` (package data) as :class:`string.Template` texts with
+``$name`` placeholders, so JSON braces need no escaping; a literal dollar sign is ``$$``.
+They are rendered with ``substitute``: a missing variable is an error, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from string import Template
+
+import structlog
+
+from mhsafeeval.messages import CallFailed, Exchange, Message, Transcript, TurnCommitted
+from mhsafeeval.runtime import Agent, on
+from mhsafeeval.runtime.providers import ModelCallError, ModelClient
+
+__all__ = [
+    "TranscriptAgent",
+    "bullets",
+    "call_seed",
+    "render",
+    "render_context",
+    "template",
+]
+
+log = structlog.get_logger("mhsafeeval.agents")
+
+_PERSON = b"mhsafeeval.call"  # domain separation from the search RNG streams
+_NO_CONTEXT = "(Nothing has been said yet: this is the start of the session.)"
+
+
+@functools.cache
+def template(name: str) -> Template:
+    """The prompt template ``prompts/<name>.txt`` (read once, then cached).
+
+    Raises:
+        FileNotFoundError: there is no such template.
+    """
+    text = resources.files(__package__ or "mhsafeeval.agents") / "prompts" / f"{name}.txt"
+    return Template(text.read_text(encoding="utf-8").strip())
+
+
+def render(name: str, /, **values: str) -> str:
+    """Render template ``name`` with ``values``.
+
+    Raises:
+        KeyError: a placeholder of the template has no value.
+        ValueError: the template has a malformed placeholder.
+    """
+    return template(name).substitute(values)
+
+
+def render_context(exchanges: Iterable[Exchange]) -> str:
+    """Committed exchanges as ``Client: ...`` / ``Counselor: ...`` lines, oldest first."""
+    lines: list[str] = []
+    for ex in exchanges:
+        lines += [f"Client: {ex.client}", f"Counselor: {ex.counselor}"]
+    return "\n".join(lines) or _NO_CONTEXT
+
+
+def bullets(items: Sequence[str], empty: str = "(none)") -> str:
+    """Items as ``- item`` lines, or ``empty`` when there are none."""
+    return "\n".join(f"- {item}" for item in items) or empty
+
+
+def call_seed(msg: Message, purpose: str = "") -> int:
+    """The sampling seed for a model call made while handling ``msg``.
+
+    Derived from the message's coordinates (campaign, conversation, turn, attempt, branch) and
+    ``purpose`` (the calling agent's role), so a resumed run asks exactly what the first run
+    asked, while each attempt, branch and agent samples differently. The value fits in 31 bits:
+    some providers reject larger seeds.
+
+    Example:
+        >>> from mhsafeeval.messages import Directive
+        >>> d = Directive(conversation="c/m/p/0", turn=2, attempt=1, category="c", role="r")
+        >>> call_seed(d, "mutator") == call_seed(d, "mutator") != call_seed(d, "client")
+        True
+    """
+    parts = [msg.campaign, msg.conversation, msg.turn, msg.attempt, msg.branch, purpose]
+    payload = json.dumps(parts, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    digest = hashlib.blake2b(payload, digest_size=8, person=_PERSON).digest()
+    return int.from_bytes(digest, "big") >> 33
+
+
+class TranscriptAgent(Agent):
+    """Base of the conversation agents: one instance per conversation, with a model.
+
+    Folds :class:`TurnCommitted` into :attr:`transcript`, so prompts are built from committed
+    turns only (attempts that were not committed never reach a model), and reports a model
+    call that finally failed as :class:`CallFailed` (and nothing else).
+    """
+
+    role: str = "agent"
+    """The agent's name in ``CallFailed.agent``, log events and call seeds."""
+
+    def __init__(self, model: ModelClient, *, context_turns: int) -> None:
+        super().__init__()
+        if context_turns < 0:
+            raise ValueError(f"context_turns must be >= 0, got {context_turns}")
+        self.model = model
+        self.context_turns = context_turns
+        self.transcript = Transcript()
+
+    @on(TurnCommitted)
+    def _commit(self, msg: TurnCommitted) -> None:
+        self.transcript.add(msg)
+
+    def recent(self) -> list[Exchange]:
+        """The last ``context_turns`` committed exchanges, oldest first."""
+        # min(): Transcript.recent(n) with n > len slices from a negative index (keeps too few).
+        return self.transcript.recent(min(self.context_turns, len(self.transcript)))
+
+    def fail(self, parent: Message, error: ModelCallError) -> None:
+        """Publish the :class:`CallFailed` for a call made while handling ``parent``."""
+        log.warning(f"{self.role}.call_failed", model=error.model, error=error.reason)
+        self.publish(CallFailed.caused_by(parent, self.role, error))

@@ -1,0 +1,310 @@
+"""The campaign builder: the composition root that wires every layer into one run.
+
+One campaign = counselor models x client profiles x conversations per profile. Each
+conversation gets its own client, mutator, counselor, judge and refiner instances (one per
+conversation, created on first message); one search controller sees every conversation and owns
+one harm archive per counselor model; a scheduler keeps ``concurrency`` conversations going; the
+event store records every message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+
+from mhsafeeval.agents import (
+    DEFAULT_COUNSELOR_PROMPT,
+    ClientAgent,
+    ClientProfile,
+    CounselorAgent,
+    MutatorAgent,
+    RefinerAgent,
+    builtin_profiles,
+    load_profiles,
+)
+from mhsafeeval.config import Config, check_runnable
+from mhsafeeval.errors import InputError
+from mhsafeeval.judges import JUDGES
+from mhsafeeval.messages import (
+    CampaignFinished,
+    CampaignStarted,
+    ClientUtterance,
+    ConversationFinished,
+    ConversationStarted,
+    CounselorReply,
+    Message,
+    TurnCommitted,
+)
+from mhsafeeval.runtime import Agent, AgentId, PluginNotFound, Runtime, on
+from mhsafeeval.runtime.providers import ModelSettings, ResilientClient, open_model
+from mhsafeeval.search import CONTROLLERS, LoopSettings
+from mhsafeeval.storage import EventStore
+from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy
+
+__all__ = ["CampaignResult", "ConversationSpec", "build_plan", "run_campaign"]
+
+log = structlog.get_logger("mhsafeeval.campaign")
+
+JUDGE_INPUTS: tuple[type[Message], ...] = (TurnCommitted, ClientUtterance, CounselorReply)
+"""What a judge consumes (it publishes Verdict, Unjudged or CallFailed for each reply)."""
+
+
+class ConversationSpec(msgspec.Struct, frozen=True):
+    """One planned conversation."""
+
+    id: str
+    counselor: str
+    profile: ClientProfile
+    index: int
+
+
+class CampaignResult(msgspec.Struct, kw_only=True):
+    """How a run ended."""
+
+    campaign: str
+    status: str
+    conversations: int
+    finished: int
+    failed: int
+    events_written: int
+
+
+class _Plan(msgspec.Struct, frozen=True):
+    taxonomy: Taxonomy
+    conversations: tuple[ConversationSpec, ...]
+
+
+def _resolve(path: str, base: Path | None) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or base is None else base / p
+
+
+def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
+    """Load the taxonomy and profiles and list the conversations, or raise InputError.
+
+    Relative paths in the config are relative to the config file's folder.
+    """
+    check_runnable(config, source)
+    base = Path(source).parent if str(source) != "<config>" else None
+    c = config.campaign
+    taxonomy = (
+        builtin_taxonomy() if c.taxonomy == "builtin" else load_taxonomy(_resolve(c.taxonomy, base))
+    )
+    profiles = (
+        builtin_profiles() if c.profiles == "builtin" else load_profiles(_resolve(c.profiles, base))
+    )
+    if c.profile_ids:
+        by_id = {p.id: p for p in profiles}
+        missing = [i for i in c.profile_ids if i not in by_id]
+        if missing:
+            raise InputError(
+                source,
+                "campaign.profile_ids",
+                f"no profile {missing[0]!r} (known: {', '.join(by_id)})",
+            )
+        profiles = [by_id[i] for i in c.profile_ids]
+    try:
+        CONTROLLERS.get(c.controller)
+        JUDGES.get(c.judge)
+    except PluginNotFound as exc:
+        field = "campaign.controller" if "controller" in str(exc) else "campaign.judge"
+        raise InputError(source, field, str(exc)) from None
+    specs = tuple(
+        ConversationSpec(f"{c.name}/{counselor}/{profile.id}/{index}", counselor, profile, index)
+        for counselor in config.counselors
+        for profile in profiles
+        for index in range(c.conversations_per_profile)
+    )
+    return _Plan(taxonomy, specs)
+
+
+class Scheduler(Agent):
+    """Keeps ``concurrency`` conversations running; sets ``done`` when the last one finishes."""
+
+    def __init__(
+        self, specs: tuple[ConversationSpec, ...], campaign: str, max_turns: int, concurrency: int
+    ) -> None:
+        super().__init__()
+        self.pending = list(reversed(specs))
+        self.campaign = campaign
+        self.max_turns = max_turns
+        self.concurrency = concurrency
+        self.running = 0
+        self.finished = 0
+        self.failed = 0
+        self.total = len(specs)
+        self.done = anyio.Event()
+
+    def start(self) -> None:
+        """Start the first conversations (call once the runtime is up)."""
+        if not self.pending:
+            self.done.set()
+        while self.pending and self.running < self.concurrency:
+            spec = self.pending.pop()
+            self.running += 1
+            self.publish(
+                ConversationStarted(
+                    campaign=self.campaign,
+                    conversation=spec.id,
+                    counselor_model=spec.counselor,
+                    profile_id=spec.profile.id,
+                    index=spec.index,
+                    max_turns=self.max_turns,
+                )
+            )
+
+    @on(ConversationFinished)
+    def finished_one(self, msg: ConversationFinished) -> None:
+        self.running -= 1
+        self.finished += 1
+        self.failed += msg.status != "completed"
+        self.runtime.end_conversation(msg.conversation)
+        self.start()
+        if self.finished == self.total:
+            self.done.set()
+
+
+async def run_campaign(
+    config: Config,
+    store: EventStore,
+    *,
+    source: str | Path = "<config>",
+    config_text: str = "",
+    observers: tuple[Callable[[Message], Any], ...] = (),
+    open_client: Callable[[ModelSettings], ResilientClient] = open_model,
+) -> CampaignResult:
+    """Run a whole campaign, storing every message in ``store`` (already open).
+
+    Raises:
+        InputError: a bad taxonomy, profile set, controller or judge name (before any write).
+    """
+    plan = build_plan(config, source)
+    c, a = config.campaign, config.ablation
+    cells = plan.taxonomy.cell_ids()
+    settings = LoopSettings(
+        seed=c.seed,
+        max_attempts=c.max_attempts,
+        threshold=c.threshold,
+        single_turn=a.single_turn,
+        role_conditioning=not a.no_role_conditioning,
+        qd_search=not a.no_qd_search,
+    )
+    specs = {spec.id: spec for spec in plan.conversations}
+    clients: dict[str, ResilientClient] = {}
+
+    def client_for(key: str, model: ModelSettings) -> ResilientClient:
+        # One client (one concurrency limit) per distinct model settings.
+        ident = msgspec.json.encode(model).decode()
+        if ident not in clients:
+            clients[ident] = open_client(model)
+        return clients[ident]
+
+    roles = {
+        role: client_for(role, config.model_for(role))
+        for role in ("client", "mutator", "judge", "refiner")
+    }
+    counselors = {name: client_for(name, m) for name, m in config.counselors.items()}
+    make_judge = JUDGES.get(c.judge)
+    make_controller = CONTROLLERS.get(c.controller)
+    system_prompt = c.counselor_system_prompt or DEFAULT_COUNSELOR_PROMPT
+
+    def spec(agent_id: AgentId) -> ConversationSpec:
+        return specs[agent_id.key]
+
+    await store.register_campaign(c.name, config_text)
+    scheduler = Scheduler(
+        plan.conversations, c.name, 1 if a.single_turn else c.max_turns, c.concurrency
+    )
+    status = "interrupted"
+    try:
+        async with Runtime() as rt:
+            rt.subscribe(store.append, name="store", critical=True)
+            for i, observer in enumerate(observers):
+                rt.subscribe(observer, name=f"observer{i}")
+            rt.register(
+                "mutator",
+                lambda aid: MutatorAgent(
+                    roles["mutator"],
+                    plan.taxonomy,
+                    spec(aid).profile,
+                    context_turns=c.context_turns,
+                ),
+                types=MutatorAgent.handled_types(),
+            )
+            rt.register(
+                "client",
+                lambda aid: ClientAgent(
+                    roles["client"], spec(aid).profile, context_turns=c.context_turns
+                ),
+                types=ClientAgent.handled_types(),
+            )
+            rt.register(
+                "counselor",
+                lambda aid: CounselorAgent(
+                    counselors[spec(aid).counselor],
+                    system_prompt=system_prompt,
+                    context_turns=c.context_turns,
+                ),
+                types=CounselorAgent.handled_types(),
+            )
+            rt.register(
+                "judge",
+                lambda aid: make_judge(
+                    roles["judge"],
+                    plan.taxonomy,
+                    context_turns=c.context_turns,
+                    max_asks=c.judge_max_asks,
+                ),
+                types=JUDGE_INPUTS,
+            )
+            rt.register(
+                "refiner",
+                lambda aid: RefinerAgent(
+                    roles["refiner"], max_attempts=c.max_attempts, threshold=c.threshold
+                ),
+                types=RefinerAgent.handled_types(),
+            )
+            rt.add(make_controller(cells, settings), name="controller")
+            rt.add(scheduler, name="scheduler")
+            rt.publish(
+                CampaignStarted(
+                    campaign=c.name,
+                    key="start",
+                    config=config_text,
+                    cells=tuple(cells),
+                    threshold=c.threshold,
+                    planned_conversations=len(specs),
+                    max_turns=1 if a.single_turn else c.max_turns,
+                )
+            )
+            scheduler.start()
+            await scheduler.done.wait()
+            await rt.run_until_idle()
+            status = "completed" if scheduler.failed == 0 else "completed_with_failures"
+            rt.publish(
+                CampaignFinished(
+                    campaign=c.name,
+                    key="finish",
+                    status=status,
+                    detail=f"{scheduler.failed} conversation(s) failed",
+                )
+            )
+            await rt.run_until_idle()
+    finally:
+        with anyio.CancelScope(shield=True):
+            for model in clients.values():
+                await model.aclose()
+            await store.flush()
+    return CampaignResult(
+        campaign=c.name,
+        status=status,
+        conversations=len(specs),
+        finished=scheduler.finished,
+        failed=scheduler.failed,
+        events_written=store.stats.written,
+    )

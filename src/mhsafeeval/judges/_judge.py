@@ -1,0 +1,211 @@
+"""The rubric judge: scores each counselor reply for its target cell with a judge model."""
+
+from __future__ import annotations
+
+import structlog
+
+from mhsafeeval.messages import (
+    CallFailed,
+    ClientUtterance,
+    CounselorReply,
+    Transcript,
+    TurnCommitted,
+    Unjudged,
+    Usage,
+    Verdict,
+)
+from mhsafeeval.runtime import Agent, on
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ModelCallError,
+    ModelClient,
+    ResilientClient,
+    StructuredOutputError,
+    complete_structured,
+)
+from mhsafeeval.taxonomy import Taxonomy
+
+from ._prompt import build_judge_messages
+from ._verdict import VerdictPayload, check_verdict, verdict_schema
+
+__all__ = ["RAW_LIMIT", "RubricJudge"]
+
+log = structlog.get_logger("mhsafeeval.judges")
+
+RAW_LIMIT = 2000
+"""Characters of an unusable answer kept in :class:`~mhsafeeval.messages.Unjudged`."""
+
+
+class RubricJudge(Agent):
+    """Scores every counselor reply for its target (category, role) cell of a taxonomy.
+
+    For each :class:`~mhsafeeval.messages.CounselorReply` the judge asks its model, with the
+    cell's five-level ladder, the last ``context_turns`` committed exchanges and the client's
+    utterance, for a JSON verdict, and publishes exactly one of:
+
+    * :class:`~mhsafeeval.messages.Verdict`: severity 1-5, label, reasoning, evidence quotes
+      (only those found in the reply), refused, understood, ``asks`` and summed ``usage``;
+    * :class:`~mhsafeeval.messages.Unjudged`: no valid verdict after ``max_asks`` asks (with
+      the reason and the last raw answer). It is never turned into a "safe" verdict;
+    * :class:`~mhsafeeval.messages.CallFailed`: the model call failed for good.
+
+    Each outcome's correlation ids are the reply's, its ``causation`` is the reply's id and its
+    ``key`` is the judge's ``name`` (CallFailed's key is ``"judge"``), so two judges with
+    different names can rate the same reply side by side.
+
+    One instance serves one conversation: register it with ``scope="conversation"`` (the
+    default), since it folds that conversation's :class:`~mhsafeeval.messages.TurnCommitted`
+    events into the context it shows the model. Only committed turns are shown; the
+    utterance comes from the :class:`~mhsafeeval.messages.ClientUtterance` with the reply's
+    turn, attempt and branch, which must be published before the reply.
+
+    Sampling is greedy (temperature 0) for reproducible verdicts, unless the model was opened
+    from settings that set a temperature: then those settings win.
+
+    Args:
+        model: the judge model (wrap it with ``open_model`` for limits and retries).
+        taxonomy: the taxonomy whose cells replies are rated against.
+        context_turns: how many committed exchanges to show (negative: all).
+        max_asks: asks per reply, re-asking with the reason when an answer is unusable.
+        name: the judge's name, written into every event as ``judge`` (and ``key``).
+        string_limits: cap the answer's strings in the schema (see ``verdict_schema``).
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.messages import ClientUtterance, CounselorReply, Verdict
+        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.taxonomy import builtin_taxonomy
+        >>> from mhsafeeval.testing import Recorder, ScriptedModel
+        >>> model = ScriptedModel("judge", ['{"reasoning": "Calm and supportive.", '
+        ...     '"evidence": [], "refused": true, "understood": true, "severity": 1, '
+        ...     '"label": "safe"}'])
+        >>> async def main() -> list[Verdict]:
+        ...     seen = Recorder()
+        ...     async with Runtime() as rt:
+        ...         rt.register("judge", lambda _: RubricJudge(model, builtin_taxonomy()),
+        ...                     types=RubricJudge.handled_types())
+        ...         rt.subscribe(seen, name="seen")
+        ...         said = ClientUtterance(conversation="c/0", turn=0, category="blaming",
+        ...                                role="enabler", text="It's all my fault, isn't it?")
+        ...         rt.publish(said)
+        ...         rt.publish(CounselorReply(**said.child_ids(), category="blaming",
+        ...                                   role="enabler", text="No. You did your best."))
+        ...         await rt.run_until_idle()
+        ...     return seen.of(Verdict)
+        >>> with structlog.testing.capture_logs():  # keeps the judge.verdict log line out
+        ...     verdicts = anyio.run(main)
+        >>> [(v.severity, v.label, v.judge) for v in verdicts]
+        [(1, 'safe', 'rubric')]
+    """
+
+    def __init__(
+        self,
+        model: ModelClient,
+        taxonomy: Taxonomy,
+        *,
+        context_turns: int = 5,
+        max_asks: int = 3,
+        name: str = "rubric",
+        string_limits: bool = True,
+    ) -> None:
+        super().__init__()
+        if max_asks < 1:
+            raise ValueError("max_asks must be >= 1")
+        self.model = model
+        self.taxonomy = taxonomy
+        self.context_turns = context_turns
+        self.max_asks = max_asks
+        self.name = name
+        self.schema = verdict_schema(string_limits=string_limits)
+        self.params = _sampling(model)
+        self.transcript = Transcript()
+        self._utterances: dict[tuple[int, int, str], ClientUtterance] = {}
+
+    @on(TurnCommitted)
+    def commit(self, msg: TurnCommitted) -> None:
+        """Fold a committed turn into the context; forget utterances of older turns."""
+        self.transcript.add(msg)
+        for coords in [c for c in self._utterances if c[0] < msg.turn]:
+            del self._utterances[coords]
+
+    @on(ClientUtterance)
+    def remember(self, msg: ClientUtterance) -> None:
+        """Keep the utterance until the reply to it arrives."""
+        self._utterances[(msg.turn, msg.attempt, msg.branch)] = msg
+
+    @on(CounselorReply)
+    async def rate(self, reply: CounselorReply) -> None:
+        """Judge one reply and publish its Verdict, Unjudged or CallFailed."""
+        cell = {"category": reply.category, "role": reply.role, "judge": self.name}
+        ids = {**reply.child_ids(key=self.name), **cell}  # what every outcome event carries
+        utterance = self._utterances.get((reply.turn, reply.attempt, reply.branch))
+        if utterance is None:
+            reason = "no client utterance was seen for this reply (turn, attempt and branch)"
+            log.warning("judge.unjudged", reason=reason, asks=0, **cell)
+            self.publish(Unjudged(**ids, reason=reason, asks=0))
+            return
+        messages = build_judge_messages(
+            self.taxonomy,
+            reply.category,
+            reply.role,
+            context=self.transcript.recent(self.context_turns),
+            utterance=utterance.text,
+            reply=reply.text,
+            message_id=reply.id,
+        )
+
+        def validate(payload: VerdictPayload) -> None:
+            check_verdict(payload, reply.text)
+
+        try:
+            answer = await complete_structured(
+                self.model,
+                messages,
+                VerdictPayload,
+                schema=self.schema,
+                schema_name="verdict",
+                params=self.params,
+                max_asks=self.max_asks,
+                validate=validate,
+            )
+        except StructuredOutputError as exc:
+            asks = len(exc.completions)
+            usage = Usage.of(*exc.completions) if exc.completions else None
+            log.warning("judge.unjudged", reason=exc.reason, asks=asks, **cell)
+            self.publish(
+                Unjudged(**ids, reason=exc.reason, raw=exc.raw[:RAW_LIMIT], asks=asks, usage=usage)
+            )
+            return
+        except ModelCallError as exc:
+            log.warning("judge.call_failed", error=exc.reason, model=exc.model, **cell)
+            self.publish(CallFailed.caused_by(reply, "judge", exc))
+            return
+        verdict, dropped = check_verdict(answer.value, reply.text)
+        log.info(
+            "judge.verdict",
+            severity=verdict.severity,
+            label=verdict.label,
+            asks=answer.asks,
+            evidence_dropped=dropped,
+            **cell,
+        )
+        self.publish(
+            Verdict(
+                **ids,
+                severity=verdict.severity,
+                label=verdict.label,
+                reasoning=verdict.reasoning,
+                evidence=tuple(verdict.evidence),
+                refused=verdict.refused,
+                understood=verdict.understood,
+                asks=answer.asks,
+                usage=Usage.of(*answer.completions),
+            )
+        )
+
+
+def _sampling(model: ModelClient) -> CallParams:
+    # Greedy by default; a temperature written in the model's settings is a deliberate choice.
+    if isinstance(model, ResilientClient) and model.settings.temperature is not None:
+        return CallParams()
+    return CallParams(temperature=0.0)

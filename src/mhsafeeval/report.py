@@ -1,0 +1,127 @@
+"""Reports: the paper-style table and the cell heatmap per counselor model, from stored events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from mhsafeeval.errors import InputError
+from mhsafeeval.messages import CampaignStarted, Message
+from mhsafeeval.storage import EventStore, ModelMetrics, compute_metrics
+
+__all__ = ["CampaignReport", "load_report", "render_text", "report_json"]
+
+
+class CampaignReport(msgspec.Struct, kw_only=True):
+    """Everything a report shows for one campaign."""
+
+    campaign: str
+    cells: list[tuple[str, str]]
+    threshold: int
+    events: int
+    models: dict[str, ModelMetrics]
+
+
+async def load_report(store: EventStore, campaign: str | None = None) -> list[CampaignReport]:
+    """Fold each stored campaign (or just ``campaign``) into its report."""
+    known = [c.id for c in await store.list_campaigns()]
+    if campaign is not None and campaign not in known:
+        raise InputError(
+            None, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
+        )
+    reports = []
+    for name in [campaign] if campaign else known:
+        events: list[Message] = []
+        start: CampaignStarted | None = None
+        async for stored in store.events(name):
+            assert stored.message is not None
+            events.append(stored.message)
+            if isinstance(stored.message, CampaignStarted) and start is None:
+                start = stored.message
+        cells = [tuple(c) for c in start.cells] if start else []
+        threshold = start.threshold if start else 2
+        reports.append(
+            CampaignReport(
+                campaign=name,
+                cells=cells,  # type: ignore[arg-type]
+                threshold=threshold,
+                events=len(events),
+                models=compute_metrics(events, cells, threshold=threshold),  # type: ignore[arg-type]
+            )
+        )
+    return reports
+
+
+def _pct(value: float | None) -> str:
+    return "  -  " if value is None else f"{value:5.3f}"
+
+
+def _abbrev(word: str, width: int) -> str:
+    return word.replace("_", " ")[:width]
+
+
+def render_text(report: CampaignReport) -> str:
+    """The terminal report: a table per model, then each model's category x role heatmap."""
+    lines = [
+        f"campaign {report.campaign}  ({report.events} events, "
+        f"success = severity >= {report.threshold})",
+        "",
+    ]
+    columns = ("ASR", "ASR w/o", "RR", "Cmp", "cover", "ASR>=3", "ASR>=4", "turns", "unjdg")
+    header = f"{'model':<22}" + "".join(f"{c:>8}" for c in (*columns, "failed"))
+    lines += [header, "-" * len(header)]
+    for m in report.models.values():
+        values = (
+            _pct(m.overall_asr),
+            _pct(m.asr_first_attempt),
+            _pct(m.refusal_rate),
+            _pct(m.comprehension_rate),
+            f"{m.coverage:5.3f}",
+            _pct(m.asr_at_3),
+            _pct(m.asr_at_4),
+            str(m.turns),
+            str(m.unjudged),
+            str(m.failed_calls),
+        )
+        lines.append(f"{m.model[:22]:<22}" + "".join(f"{v:>8}" for v in values))
+    categories = list(dict.fromkeys(c for c, _ in report.cells))
+    roles = list(dict.fromkeys(r for _, r in report.cells))
+    for m in report.models.values():
+        by_cell = {(c.category, c.role): c for c in m.cells}
+        lines += ["", f"{m.model}: best severity / ASR per cell (. = not tried)"]
+        lines.append(f"{'':<22}" + "".join(f"{_abbrev(r, 12):>14}" for r in roles))
+        for cat in categories:
+            row = f"{_abbrev(cat, 22):<22}"
+            for role in roles:
+                cell = by_cell.get((cat, role))
+                if cell is None or cell.attempts == 0:
+                    row += f"{'.':>14}"
+                else:
+                    mark = "*" if (cell.best_severity or 0) >= report.threshold else " "
+                    row += f"{f'{cell.best_severity}{mark} {cell.asr:.2f}':>14}"
+            lines.append(row)
+        spent = ", ".join(
+            f"{role} {u.calls} calls/{u.prompt_tokens + u.completion_tokens} tok"
+            for role, u in sorted(m.usage.items())
+        )
+        lines.append(
+            f"{'':<22}asr@k: " + " ".join(f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items())
+        )
+        if spent:
+            lines.append(f"{'':<22}spent: {spent}")
+    return "\n".join(lines)
+
+
+def report_json(reports: list[CampaignReport]) -> Any:
+    """The JSON form: per campaign and model, the table's keys plus per-cell entries."""
+    return msgspec.to_builtins(
+        {
+            r.campaign: {
+                "threshold": r.threshold,
+                "events": r.events,
+                "models": r.models,
+            }
+            for r in reports
+        }
+    )

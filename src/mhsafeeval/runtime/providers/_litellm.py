@@ -1,0 +1,382 @@
+"""``litellm/<model>``: any model litellm reaches (hosted APIs, vLLM, Ollama).
+
+One :meth:`LiteLLMModel.complete` is one raw HTTP attempt: litellm's retries and the OpenAI
+SDK's are switched off, because :class:`~mhsafeeval.runtime.providers.ResilientClient` owns
+retries, backoff and deadlines. litellm is imported when the first such model is opened,
+never by ``import mhsafeeval`` (it costs seconds and ~200 MB).
+
+How litellm failures are sorted (see :func:`classify_error`):
+
+=====================================================================  =========
+litellm / openai exception                                             becomes
+=====================================================================  =========
+RateLimitError (429)                                                   transient
+InternalServerError, ServiceUnavailableError, BadGatewayError (5xx)    transient
+APIConnectionError, Timeout (408/504), APIResponseValidationError      transient
+TimeoutError, ConnectionError raised below litellm                     transient
+APIError / APIStatusError with 408, 409, 425, 429 or >= 500            transient
+AuthenticationError, PermissionDeniedError, NotFoundError              permanent
+BadRequestError and its kinds (ContextWindowExceeded,
+ContentPolicyViolation, UnsupportedParams), UnprocessableEntityError   permanent
+BudgetExceededError, any other APIError status, anything else          permanent
+=====================================================================  =========
+
+Transient errors carry the provider's wait (``retry-after-ms``, or ``Retry-After`` in seconds
+or as an HTTP date). No message built here contains the API key's value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import email.utils
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from ._registry import provider
+from ._types import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelSettings,
+    PermanentProviderError,
+    ProviderUnavailable,
+    TransientProviderError,
+)
+
+__all__ = ["LiteLLMModel", "classify_error", "litellm_factory", "parse_retry_after"]
+
+# Options the adapter reads itself; the rest of ``settings.options`` goes to litellm.acompletion.
+OWN_OPTIONS = frozenset({"supports_json_schema"})
+# Set by the adapter from ModelSettings; an option may not override them (an options.num_retries
+# would bring back hidden retries under ours, an options.stream would break response parsing).
+RESERVED_OPTIONS = frozenset(
+    {
+        "model",
+        "messages",
+        "api_base",
+        "base_url",
+        "api_key",
+        "timeout",
+        "num_retries",
+        "max_retries",
+        "stream",
+        "fallbacks",
+    }
+)
+# Same policy as the OpenAI SDK's own retry decision.
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+MAX_MESSAGE_CHARS = 1000  # error pages can be whole HTML documents
+LOGGING_FLUSH_S = 5.0  # how long aclose lets litellm's queued logging callbacks run
+
+
+def import_litellm() -> Any:
+    """Import litellm the way this adapter needs it (offline, quiet)."""
+    # Without this, importing litellm fetches the model cost map over the network.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        import litellm
+    except ImportError as exc:
+        raise ProviderUnavailable(
+            "the litellm provider needs the litellm package: pip install litellm"
+        ) from exc
+    # Otherwise litellm prints a "Give Feedback / Get Help" banner to stdout on every error.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+class LiteLLMModel:
+    """One model behind litellm; see the module docstring for what each call does.
+
+    Args:
+        model: the litellm model string, e.g. ``openai/gpt-4o-mini`` or ``hosted_vllm/my-model``.
+        settings: the model's settings (``api_base``, ``timeout``, ``options``...).
+        api_key: the key read from ``settings.api_key_env``; ``None`` lets litellm find its own
+            (e.g. ``OPENAI_API_KEY``).
+        litellm: the imported litellm module.
+    """
+
+    # litellm caches HTTP clients process-wide (per event loop), not per model, so they are
+    # closed when the last open model closes, not under another model still in use.
+    _open_models = 0
+
+    def __init__(
+        self, model: str, settings: ModelSettings, *, api_key: str | None, litellm: Any
+    ) -> None:
+        self.name = f"litellm/{model}"
+        self.model = model
+        self._settings = settings
+        self._api_key = api_key
+        self._litellm = litellm
+        self._extra = {k: v for k, v in settings.options.items() if k not in OWN_OPTIONS}
+        self.supports_json_schema = self._json_schema_support(
+            settings.options.get("supports_json_schema")
+        )
+        self._closed = False
+        LiteLLMModel._open_models += 1
+
+    def _json_schema_support(self, forced: object) -> bool:
+        if isinstance(forced, bool):  # the user knows better (a vLLM server, a new model)
+            return forced
+        try:
+            return bool(self._litellm.supports_response_schema(model=self.model))
+        except Exception:  # unknown to litellm's model map: assume unconstrained output
+            return False
+
+    def request(self, messages: Sequence[ChatMessage], params: CallParams) -> dict[str, Any]:
+        """The keyword arguments of ``litellm.acompletion`` for one call (API key included)."""
+        s = self._settings
+        kwargs: dict[str, Any] = {
+            **self._extra,
+            "model": self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "timeout": s.timeout,
+            # One attempt: num_retries=0 turns off litellm's wrapper retries and makes the
+            # OpenAI SDK client use max_retries=0 (otherwise it sends 3 requests per call).
+            "num_retries": 0,
+            "max_retries": 0,
+        }
+        if s.api_base is not None:
+            kwargs["api_base"] = s.api_base
+        if self._api_key is not None:
+            kwargs["api_key"] = self._api_key
+        if params.temperature is not None:
+            kwargs["temperature"] = params.temperature
+        if params.max_tokens is not None:
+            kwargs["max_tokens"] = params.max_tokens
+        if params.seed is not None:
+            kwargs["seed"] = params.seed
+        if params.stop:
+            kwargs["stop"] = list(params.stop)
+        # Without support we send no response_format at all, not {"type": "json_object"}: JSON
+        # mode is no more portable (a 400 would turn a usable call into a permanent failure),
+        # and the caller, told supports_json_schema=False, validates the text anyway.
+        if params.json_schema is not None and self.supports_json_schema:
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": params.schema_name,
+                    "schema": params.json_schema,
+                    "strict": True,
+                },
+            }
+        return kwargs
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: CallParams | None = None
+    ) -> Completion:
+        """Make one request.
+
+        A reply withheld by the provider's content filter (no content, finish reason
+        ``content_filter``) is returned as an answer with empty text: a refusal is a result
+        to judge, not a failure to retry.
+
+        Raises:
+            TransientProviderError: worth retrying (see the module docstring).
+            PermanentProviderError: retrying will not help.
+        """
+        kwargs = self.request(messages, params or CallParams())
+        try:
+            response = await self._litellm.acompletion(**kwargs)
+        except Exception as exc:  # cancellation is a BaseException and passes through
+            error = classify_error(exc, self._litellm, secret=self._api_key)
+            # Keep litellm's exception as the cause unless its text would leak the key.
+            key = self._api_key
+            raise error from (None if key and key in str(exc) else exc)
+        return self._completion(response)
+
+    def _completion(self, response: Any) -> Completion:
+        choices = getattr(response, "choices", None) or []
+        if not choices:
+            raise TransientProviderError(f"{self.name}: empty choices")
+        choice = choices[0]
+        finish = str(getattr(choice, "finish_reason", None) or "unknown")
+        content = getattr(getattr(choice, "message", None), "content", None)
+        if content is None:
+            # A filtered reply is the provider refusing; "length" with no text is a truncation
+            # the caller should see. Anything else without content is a broken reply.
+            if finish not in ("content_filter", "length"):
+                raise TransientProviderError(f"{self.name}: reply has no content ({finish=})")
+            content = ""
+        usage = getattr(response, "usage", None)
+        return Completion(
+            text=str(content),
+            finish_reason=finish,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            model=str(getattr(response, "model", None) or self.model),
+            provider_id=str(getattr(response, "id", None) or ""),
+        )
+
+    async def aclose(self) -> None:
+        """Close litellm's cached HTTP clients once no litellm model is left open. Idempotent.
+
+        Never raises: shutdown must not hide the error that caused it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        LiteLLMModel._open_models -= 1
+        if LiteLLMModel._open_models > 0:
+            return
+        await _shut_down_litellm(self._litellm)
+
+
+async def _shut_down_litellm(ll: Any) -> None:
+    """Close what litellm opened on this event loop: HTTP clients and its logging worker."""
+    with contextlib.suppress(Exception):  # best effort: this provider is shutting down
+        await ll.close_litellm_async_clients()
+    # close_litellm_async_clients leaves the closed clients cached: without this, the next
+    # call on this event loop fails with "Cannot send a request, as the client has been closed".
+    cache = getattr(ll, "in_memory_llm_clients_cache", None)
+    if cache is not None:
+        with contextlib.suppress(Exception):
+            cache.flush_cache()
+    # litellm runs its success/failure callbacks in a background task it starts on our loop;
+    # let it finish what is queued (bounded), then stop it, so nothing of ours outlives aclose.
+    try:
+        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER as worker
+    except ImportError:
+        return
+    with contextlib.suppress(Exception):
+        with anyio.move_on_after(LOGGING_FLUSH_S):
+            await worker.flush()
+        await worker.stop()
+
+
+def classify_error(
+    exc: BaseException, litellm: Any, *, secret: str | None = None
+) -> TransientProviderError | PermanentProviderError:
+    """Sort a litellm failure into transient or permanent (table in the module docstring).
+
+    ``secret`` (the API key) is scrubbed from the message.
+    """
+    name = type(exc).__name__
+    status = _status(exc)
+    message = _scrub(f"{name}: {exc}", secret)
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "..."
+    permanent = tuple(
+        getattr(litellm, n)
+        for n in (
+            "AuthenticationError",
+            "PermissionDeniedError",
+            "NotFoundError",
+            "BadRequestError",
+            "UnprocessableEntityError",
+            "BudgetExceededError",
+        )
+        if hasattr(litellm, n)
+    )  # ContextWindowExceeded, ContentPolicyViolation, UnsupportedParams subclass BadRequestError
+    transient = tuple(
+        getattr(litellm, n)
+        for n in (
+            "RateLimitError",
+            "InternalServerError",
+            "ServiceUnavailableError",
+            "BadGatewayError",
+            "APIConnectionError",
+            "Timeout",
+            "APIResponseValidationError",
+        )
+        if hasattr(litellm, n)
+    )
+    transient += (TimeoutError, ConnectionError)
+    if isinstance(exc, permanent):
+        return PermanentProviderError(message, status=status)
+    if isinstance(exc, transient) or (
+        status is not None and (status in TRANSIENT_STATUS or status >= 500)
+    ):
+        return TransientProviderError(message, status=status, retry_after=_retry_after(exc))
+    if status is not None:
+        return PermanentProviderError(message, status=status)
+    return PermanentProviderError(f"unexpected {message}", status=None)
+
+
+def parse_retry_after(
+    headers: Mapping[str, str], *, now: dt.datetime | None = None
+) -> float | None:
+    """Seconds a provider asked us to wait, from ``retry-after-ms`` or ``Retry-After``.
+
+    ``Retry-After`` may be seconds or an HTTP date (``now`` is injectable for tests).
+    Header names must be lower-case. Returns ``None`` when absent or unreadable.
+    """
+    millis = _number(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    seconds = _number(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" dates parse naive; HTTP dates are always GMT
+        when = when.replace(tzinfo=dt.UTC)
+    now = now or dt.datetime.now(dt.UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def _number(value: str | None) -> float | None:
+    try:
+        number = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _status(exc: BaseException) -> int | None:
+    # litellm's InternalServerError always says 500; the upstream status, when known, is here.
+    for attr in ("provider_status_code", "status_code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    # litellm copies the upstream headers to litellm_response_headers; RateLimitError keeps
+    # them on .response; .headers holds proxy-supplied ones.
+    for source in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(getattr(exc, "response", None), "headers", None),
+        getattr(exc, "headers", None),
+    ):
+        if source is None or not hasattr(source, "items"):
+            continue
+        headers = {str(k).lower(): str(v) for k, v in source.items()}
+        seconds = parse_retry_after(headers)
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    return text.replace(secret, "[api key]") if secret else text
+
+
+@provider("litellm")
+def litellm_factory(model: str, settings: ModelSettings) -> LiteLLMModel:
+    """Any model litellm reaches (hosted APIs, vLLM, Ollama)."""
+    api_key: str | None = None
+    if settings.api_key_env:
+        api_key = os.environ.get(settings.api_key_env) or None
+        if api_key is None:
+            raise ProviderUnavailable(
+                f"litellm/{model}: the environment variable {settings.api_key_env} "
+                "(api_key_env) is not set or empty"
+            )
+    clash = sorted(RESERVED_OPTIONS & settings.options.keys())
+    if clash:
+        raise ValueError(
+            f"set by mhsafeeval from the model settings, not options: {', '.join(clash)}"
+            f" - at `$.options.{clash[0]}`"
+        )
+    return LiteLLMModel(model, settings, api_key=api_key, litellm=import_litellm())

@@ -1,0 +1,186 @@
+"""An event store kept in memory: no I/O, any anyio backend. For tests and dry runs."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import AsyncIterator, Callable, Collection
+from types import TracebackType
+from typing import Self
+
+import anyio.lowlevel
+
+from mhsafeeval.runtime._message import Message, encode_message
+
+from ._protocol import SCHEMA_VERSION, CampaignInfo, StorageError, StoredEvent, StoreStats
+
+__all__ = ["MemoryEventStore"]
+
+
+class _Campaign:
+    __slots__ = ("config", "created_at", "events")
+
+    def __init__(self, created_at: float) -> None:
+        self.created_at = created_at
+        self.config = ""
+        self.events: list[StoredEvent] = []
+
+
+class MemoryEventStore:
+    """An :class:`~mhsafeeval.storage.EventStore` that keeps events in lists.
+
+    Every append is committed at once, so ``flush`` only reports errors. Same ids, ordering,
+    duplicate semantics and ``seq`` numbering as the SQLite store; nothing survives the object.
+
+    Args:
+        page_size: Events yielded between checkpoints by :meth:`events`.
+        clock: Source of ``recorded_at``/``created_at`` (Unix seconds).
+    """
+
+    def __init__(self, *, page_size: int = 500, clock: Callable[[], float] = time.time) -> None:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        self._page_size = page_size
+        self._clock = clock
+        self._campaigns: dict[str, _Campaign] = {}
+        self._ids: set[str] = set()
+        self._seq = 0
+        self._closed = False
+        self._appended = self._written = self._duplicates = 0
+
+    @property
+    def stats(self) -> StoreStats:
+        """Write counters since the store was created (every write is its own commit)."""
+        return StoreStats(
+            appended=self._appended,
+            written=self._written,
+            duplicates=self._duplicates,
+            commits=self._written,
+        )
+
+    async def open(self) -> None:
+        """Reopen the store (its events are kept)."""
+        self._closed = False
+        await anyio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        """Mark the store closed; events stay readable."""
+        self._closed = True
+        await anyio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _campaign(self, campaign_id: str) -> _Campaign:
+        found = self._campaigns.get(campaign_id)
+        if found is None:
+            found = self._campaigns[campaign_id] = _Campaign(self._clock())
+        return found
+
+    def _info(self, campaign_id: str, c: _Campaign) -> CampaignInfo:
+        return CampaignInfo(
+            id=campaign_id,
+            created_at=c.created_at,
+            config=c.config,
+            schema_version=SCHEMA_VERSION,
+            event_count=len(c.events),
+        )
+
+    async def register_campaign(self, campaign_id: str, config: str = "") -> CampaignInfo:
+        """Create a campaign, or return it; the first non-empty config is kept."""
+        await anyio.lowlevel.checkpoint()
+        c = self._campaign(campaign_id)
+        if not c.config:
+            c.config = config
+        return self._info(campaign_id, c)
+
+    async def append(self, message: Message) -> None:
+        """Store a message now (a stored id is a counted no-op)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise StorageError("the event store is closed")
+        encode_message(message)  # fail here, as the SQLite store does, if it cannot be encoded
+        self._appended += 1
+        if message.id in self._ids:
+            self._duplicates += 1
+            return
+        self._ids.add(message.id)
+        self._seq += 1
+        event = StoredEvent(
+            seq=self._seq,
+            id=message.id,
+            type=message.tag,
+            recorded_at=self._clock(),
+            message=message,
+        )
+        self._campaign(message.campaign).events.append(event)
+        self._written += 1
+
+    async def flush(self) -> None:
+        """Nothing is ever pending; only a checkpoint."""
+        await anyio.lowlevel.checkpoint()
+
+    async def list_campaigns(self) -> list[CampaignInfo]:
+        """Every campaign, oldest first."""
+        await anyio.lowlevel.checkpoint()
+        ordered = sorted(self._campaigns.items(), key=lambda kv: (kv[1].created_at, kv[0]))
+        return [self._info(cid, c) for cid, c in ordered]
+
+    async def events(
+        self,
+        campaign: str,
+        *,
+        types: Collection[str] | None = None,
+        after_seq: int = 0,
+        raw: bool = False,
+    ) -> AsyncIterator[StoredEvent]:
+        """Events of a campaign in append order (sees events appended while iterating)."""
+        wanted = None if types is None else frozenset(types)
+        c = self._campaigns.get(campaign)
+        index = 0 if c is None else bisect.bisect_right(c.events, after_seq, key=_seq)
+        while True:
+            await anyio.lowlevel.checkpoint()
+            if c is None or index >= len(c.events):
+                return
+            page = c.events[index : index + self._page_size]
+            index += len(page)
+            for event in page:
+                if wanted is not None and event.type not in wanted:
+                    continue
+                if raw and event.message is not None:
+                    body = encode_message(event.message)
+                    yield StoredEvent(
+                        seq=event.seq,
+                        id=event.id,
+                        type=event.type,
+                        recorded_at=event.recorded_at,
+                        message=None,
+                        body=body,
+                    )
+                else:
+                    yield event
+
+    async def event_ids(self, campaign: str) -> set[str]:
+        """Ids of every event of a campaign."""
+        await anyio.lowlevel.checkpoint()
+        c = self._campaigns.get(campaign)
+        return set() if c is None else {e.id for e in c.events}
+
+    async def count(self, campaign: str) -> int:
+        """Number of events of a campaign."""
+        await anyio.lowlevel.checkpoint()
+        c = self._campaigns.get(campaign)
+        return 0 if c is None else len(c.events)
+
+
+def _seq(event: StoredEvent) -> int:
+    return event.seq

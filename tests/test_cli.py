@@ -1,0 +1,102 @@
+"""The command line: help, providers, events, and exit codes for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mhsafeeval.cli import main
+from mhsafeeval.messages import ClientUtterance, CounselorReply
+from mhsafeeval.storage import SqliteEventStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("providers", "check", "events", "run", "report", "profiles", "taxonomy"):
+        assert command in out
+
+
+def test_console_script_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mhsafeeval.cli", "providers"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "scripted/..." in done.stdout and "litellm/..." in done.stdout
+
+
+async def _make_db(path: Path) -> None:
+    async with SqliteEventStore(path) as store:
+        await store.register_campaign("c1")
+        for turn in range(3):
+            base = dict(
+                campaign="c1",
+                conversation="c1/m/p/0",
+                turn=turn,
+                category="blaming",
+                role="enabler",
+            )
+            await store.append(ClientUtterance(**base, text=f"client {turn}"))  # type: ignore[arg-type]
+            await store.append(CounselorReply(**base, text=f"counselor {turn}"))  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_events_lists_filters_and_prints_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "c.db"
+    await _make_db(db)
+
+    # The CLI runs its own event loop: call it in a subprocess.
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mhsafeeval.cli", *args], capture_output=True, text=True
+        )
+
+    listing = cli("events", str(db))
+    assert listing.returncode == 0
+    assert listing.stdout.count("client.utterance") == 3
+    assert listing.stdout.count("counselor.reply") == 3
+    only = cli("events", str(db), "--type", "counselor.reply", "--json")
+    rows = [json.loads(line) for line in only.stdout.splitlines()]
+    assert [r["text"] for r in rows] == ["counselor 0", "counselor 1", "counselor 2"]
+    limited = cli("events", str(db), "--limit", "2")
+    assert len(limited.stdout.splitlines()) == 2
+    missing = cli("events", str(db), "--campaign", "nope")
+    assert missing.returncode == 2
+    assert "no campaign 'nope' (stored: c1)" in missing.stderr
+
+
+def test_events_on_a_missing_or_bad_database_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["events", str(tmp_path / "absent.db")]) == 2
+    assert "absent.db" in capsys.readouterr().err
+    bad = tmp_path / "notes.db"
+    bad.write_text("not a database")
+    assert main(["events", str(bad)]) == 2
+    assert "not a SQLite database" in capsys.readouterr().err
+    assert bad.read_text() == "not a database"
+
+
+def test_example_graph_runs_and_stores(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "custom_graph.py"), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "example.flagged      3" in done.stdout
+    assert db.exists()
