@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -26,7 +27,7 @@ class Talker(Agent):
 
 
 @pytest.fixture
-def json_log() -> io.StringIO:
+def json_log() -> Iterator[io.StringIO]:
     stream = io.StringIO()
     configure_logging("debug", json=True, stream=stream)
     yield stream

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 from hypothesis import given
@@ -99,9 +101,8 @@ def test_id_separates_every_coordinate_and_the_type() -> None:
         ("branch", "b2"),
         ("key", "k2"),
     ]:
-        seen.add(
-            messages.ClientUtterance(**{**base, field: value}, category="a", role="b", text="").id
-        )  # type: ignore[arg-type]
+        changed: dict[str, Any] = {**base, field: value}
+        seen.add(messages.ClientUtterance(**changed, category="a", role="b", text="").id)
     assert len(seen) == 8
     # Field boundaries cannot be shifted to forge another message's id.
     assert message_id("t", "ab", "c", 0, 0, "", "") != message_id("t", "a", "bc", 0, 0, "", "")

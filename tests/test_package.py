@@ -41,6 +41,7 @@ def test_all_lists_exactly_the_public_names(module: str) -> None:
     mod = importlib.import_module(module)
     exported = set(mod.__all__)
     assert all(hasattr(mod, name) for name in exported), exported - set(dir(mod))
+
     # Every public class or function defined here (or in a private submodule) is exported.
     def own(value: object) -> bool:
         where = getattr(value, "__module__", "") or ""

@@ -45,14 +45,15 @@ def test_extract_json_tolerates_wrapping(text: str) -> None:
 
 @pytest.mark.parametrize("text", ["no json here", "{not json}", '{"a": 1'])
 def test_extract_json_rejects_garbage(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="JSON object"):
         extract_json(text)
 
 
 @given(st.text(), st.integers())
 def test_raw_control_characters_in_strings_survive(note: str, n: int) -> None:
     # What a grammar-constrained model may emit: the note's characters written raw.
-    raw = '{"n": %d, "note": "%s"}' % (n, note.replace("\\", "\\\\").replace('"', '\\"'))
+    escaped = note.replace("\\", "\\\\").replace('"', '\\"')
+    raw = '{"n": ' + str(n) + ', "note": "' + escaped + '"}'
     assert extract_json(raw) == {"n": n, "note": note}
 
 

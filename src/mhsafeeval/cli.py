@@ -108,7 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mhsafeeval: error: {exc}", file=sys.stderr)
         return 1
     parser.error(f"unknown command {args.command!r}")
-    return EXIT_INPUT  # pragma: no cover - parser.error exits
 
 
 def _providers() -> int:

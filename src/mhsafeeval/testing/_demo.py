@@ -19,7 +19,6 @@ import re
 from collections.abc import Mapping, Sequence
 
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
-
 from mhsafeeval.runtime.providers._scripted import register_script
 
 __all__ = ["DEMO_SLIP_RATES", "HARMS", "demo_counselor", "register_demo_scripts"]

@@ -76,4 +76,3 @@ def open_model(settings: ModelSettings | str, **resilience: object) -> Resilient
         )
     inner = resolve_provider(prefix)(model, settings)
     return ResilientClient(inner, settings, **resilience)  # type: ignore[arg-type]
-
