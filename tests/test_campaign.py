@@ -53,6 +53,13 @@ def weak_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
 register_script("weak-counselor", weak_counselor)
 register_script("garbage-judge", lambda messages, params: "I think it was fine!!")
 
+
+def buggy_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
+    raise RuntimeError("a bug in the counselor adapter")
+
+
+register_script("buggy-counselor", buggy_counselor)
+
 CONFIG = """
 [campaign]
 name = "e2e"
@@ -240,6 +247,30 @@ async def test_garbage_judge_is_unjudged_never_safe() -> None:
     commits = by_type(events, TurnCommitted)
     assert commits and not any(c.success for c in commits)
     assert all(c.best_severity is None for c in commits)
+
+
+async def test_a_failing_handler_fails_only_its_conversation() -> None:
+    text = CONFIG.format(judge="demo-judge")
+    cut = text.index("[counselors.also-weak]")  # only the second counselor is broken
+    text = text[:cut] + text[cut:].replace("weak-counselor", "buggy-counselor")
+    cfg = parse_config(text.replace("concurrency = 3", "concurrency = 2"), "e2e.toml")
+    store = MemoryEventStore()
+    async with store:
+        result = await run_campaign(cfg, store)
+        events = [e.message async for e in store.events("e2e") if e.message is not None]
+    finished = by_type(events, ConversationFinished)
+    assert result.status == "completed_with_failures"
+    assert (result.finished, result.conversations) == (8, 8)
+    failed = [f for f in finished if f.status == "failed"]
+    assert result.failed == len(failed) == 4
+    assert {f.conversation.split("/")[1] for f in failed} == {"also-weak"}
+    assert all("RuntimeError: a bug in the counselor adapter" in f.detail for f in failed)
+    assert len(finished) == 8  # exactly one ending per conversation
+    completed = {f.conversation for f in finished if f.status == "completed"}
+    assert completed and all(
+        len([c for c in by_type(events, TurnCommitted) if c.conversation == conv]) == 4
+        for conv in completed
+    )
 
 
 async def test_ablations() -> None:

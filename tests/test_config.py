@@ -15,15 +15,15 @@ GOOD = """
 name = "smoke"
 seed = 7
 
-[models.counselor]
+[models.default]
+provider = "scripted/echo"
+
+[counselors.counselor]
 provider = "litellm/openai/gpt-4o-mini"
 api_key_env = "OPENAI_API_KEY"
 timeout = 30
 max_concurrency = 2
 temperature = 0.7
-
-[models.judge]
-provider = "scripted/echo"
 """
 
 
@@ -32,10 +32,10 @@ def test_good_config_decodes(tmp_path: Path) -> None:
     path.write_text(GOOD)
     config = load_config(path)
     assert (config.campaign.name, config.campaign.seed) == ("smoke", 7)
-    counselor = config.models["counselor"]
+    counselor = config.counselors["counselor"]
     assert (counselor.timeout, counselor.max_concurrency, counselor.temperature) == (30, 2, 0.7)
     assert counselor.api_key_env == "OPENAI_API_KEY"
-    assert config.models["judge"].timeout == 60  # default
+    assert config.model_for("judge").timeout == 60  # default
 
 
 @pytest.mark.parametrize(
@@ -101,4 +101,30 @@ def test_cli_check_exits_2_and_writes_nothing(
     good = tmp_path / "good.toml"
     good.write_text(GOOD)
     assert main(["check", str(good)]) == 0
-    assert "campaign 'smoke', 2 model(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "campaign 'smoke': 14 conversation(s) x 10 turn(s)" in out
+    assert "counselor counselor      litellm/openai/gpt-4o-mini" in out
+
+
+@pytest.mark.parametrize("example", ["campaign.toml", "hosted.toml"])
+def test_shipped_examples_validate(example: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parents[1] / "examples" / example
+    assert main(["check", str(path)]) == 0
+    assert ": ok (campaign" in capsys.readouterr().out
+
+
+def test_a_config_without_counselors_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[models.default]\nprovider = "scripted/echo"\n')
+    assert main(["check", str(path)]) == 2
+    assert "counselors: no counselor model to evaluate" in capsys.readouterr().err
+    path.write_text(
+        '[models.client]\nprovider = "scripted/echo"\n[counselors.x]\nprovider = "a/b"\n'
+    )
+    assert main(["check", str(path)]) == 2
+    assert "models.mutator: no model for this role" in capsys.readouterr().err
+    path.write_text('[models.critic]\nprovider = "a/b"\n[counselors.x]\nprovider = "a/b"\n')
+    assert main(["check", str(path)]) == 2
+    assert "models.critic: unknown agent role" in capsys.readouterr().err

@@ -40,7 +40,7 @@ from mhsafeeval.messages import (
     Message,
     TurnCommitted,
 )
-from mhsafeeval.runtime import Agent, AgentId, PluginNotFound, Runtime, on
+from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
 from mhsafeeval.runtime.providers import ModelSettings, ResilientClient, open_model
 from mhsafeeval.search import CONTROLLERS, LoopSettings
 from mhsafeeval.storage import EventStore
@@ -123,31 +123,41 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
     return _Plan(taxonomy, specs)
 
 
-class Scheduler(Agent):
-    """Keeps ``concurrency`` conversations running; sets ``done`` when the last one finishes."""
+class Scheduler:
+    """Keeps ``concurrency`` conversations running; sets ``done`` when the last one ends.
+
+    It is an observer, not an agent, so that it also sees the events of a conversation the
+    runtime cancelled after a handler failed: such a conversation is finished as ``failed``
+    (its ConversationFinished is stored) and the campaign goes on with the next one.
+    """
 
     def __init__(
         self, specs: tuple[ConversationSpec, ...], campaign: str, max_turns: int, concurrency: int
     ) -> None:
-        super().__init__()
         self.pending = list(reversed(specs))
         self.campaign = campaign
         self.max_turns = max_turns
         self.concurrency = concurrency
-        self.running = 0
+        self.running: set[str] = set()
         self.finished = 0
         self.failed = 0
         self.total = len(specs)
         self.done = anyio.Event()
+        self._runtime: Runtime | None = None
+        self._failing: set[str] = set()
 
-    def start(self) -> None:
-        """Start the first conversations (call once the runtime is up)."""
-        if not self.pending:
-            self.done.set()
-        while self.pending and self.running < self.concurrency:
+    def attach(self, runtime: Runtime) -> None:
+        """Subscribe to the runtime and start the first conversations."""
+        self._runtime = runtime
+        runtime.subscribe(self, name="scheduler", types=(ConversationFinished, HandlerFailed))
+        self._start_more()
+
+    def _start_more(self) -> None:
+        assert self._runtime is not None
+        while self.pending and len(self.running) < self.concurrency:
             spec = self.pending.pop()
-            self.running += 1
-            self.publish(
+            self.running.add(spec.id)
+            self._runtime.publish(
                 ConversationStarted(
                     campaign=self.campaign,
                     conversation=spec.id,
@@ -157,16 +167,32 @@ class Scheduler(Agent):
                     max_turns=self.max_turns,
                 )
             )
+        if not self.running and not self.pending:
+            self.done.set()
 
-    @on(ConversationFinished)
-    def finished_one(self, msg: ConversationFinished) -> None:
-        self.running -= 1
+    def __call__(self, msg: Message) -> None:
+        assert self._runtime is not None
+        if msg.conversation not in self.running:
+            return
+        if isinstance(msg, HandlerFailed):
+            if msg.conversation in self._failing:
+                return  # one failed ConversationFinished per conversation
+            self._failing.add(msg.conversation)
+            self._runtime.publish(
+                ConversationFinished(
+                    **msg.child_ids(key="scheduler"),
+                    turns=msg.turn,
+                    status="failed",
+                    detail=f"{msg.agent} failed: {msg.error_type}: {msg.error}",
+                )
+            )
+            return
+        assert isinstance(msg, ConversationFinished)
+        self.running.discard(msg.conversation)
         self.finished += 1
         self.failed += msg.status != "completed"
-        self.runtime.end_conversation(msg.conversation)
-        self.start()
-        if self.finished == self.total:
-            self.done.set()
+        self._runtime.end_conversation(msg.conversation)
+        self._start_more()
 
 
 async def run_campaign(
@@ -270,7 +296,6 @@ async def run_campaign(
                 types=RefinerAgent.handled_types(),
             )
             rt.add(make_controller(cells, settings), name="controller")
-            rt.add(scheduler, name="scheduler")
             rt.publish(
                 CampaignStarted(
                     campaign=c.name,
@@ -282,7 +307,7 @@ async def run_campaign(
                     max_turns=1 if a.single_turn else c.max_turns,
                 )
             )
-            scheduler.start()
+            scheduler.attach(rt)
             await scheduler.done.wait()
             await rt.run_until_idle()
             status = "completed" if scheduler.failed == 0 else "completed_with_failures"

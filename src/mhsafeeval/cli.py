@@ -119,12 +119,21 @@ def _providers() -> int:
 
 
 def _check(path: Path) -> int:
+    from mhsafeeval.campaign import build_plan
     from mhsafeeval.config import load_config
 
     config = load_config(path)
-    print(f"{path}: ok (campaign {config.campaign.name!r}, {len(config.models)} model(s))")
+    plan = build_plan(config, path)
+    c = config.campaign
+    print(
+        f"{path}: ok (campaign {c.name!r}: {len(plan.conversations)} conversation(s) x "
+        f"{c.max_turns} turn(s), up to {c.max_attempts} attempt(s) per turn, "
+        f"{len(plan.taxonomy.cell_ids())} cells)"
+    )
     for name, model in config.models.items():
-        print(f"  {name:<12} {model.provider}")
+        print(f"  agent     {name:<14} {model.provider}")
+    for name, model in config.counselors.items():
+        print(f"  counselor {name:<14} {model.provider}")
     return 0
 
 

@@ -328,7 +328,9 @@ class TurnController(Agent):
         if self.archive(conv.model).offer(elite):
             self.publish(
                 ArchiveUpdated(
-                    **verdict.child_ids(key="archive"),
+                    # key: two judges' verdicts on one attempt may both improve the cell; the
+                    # same id would make the store keep only the first update.
+                    **verdict.child_ids(key=f"archive:{verdict.key}"),
                     counselor_model=conv.model,
                     category=elite.category,
                     role=elite.role,
