@@ -100,3 +100,36 @@ def test_example_graph_runs_and_stores(tmp_path: Path) -> None:
     )
     assert "example.flagged      3" in done.stdout
     assert db.exists()
+
+
+def test_run_refuses_missing_keys_and_unknown_providers_before_writing(tmp_path: Path) -> None:
+    base = (ROOT / "examples" / "campaign.toml").read_text()
+    for change, expected in [
+        (
+            '[counselors.hosted]\nprovider = "litellm/openai/gpt-4o-mini"\n'
+            'api_key_env = "MHS_TEST_SURELY_UNSET"\n',
+            "counselors.hosted.api_key_env: the environment variable MHS_TEST_SURELY_UNSET is not set",
+        ),
+        (
+            '[counselors.odd]\nprovider = "nosuch/model"\n',
+            "counselors.odd.provider: unknown provider",
+        ),
+    ]:
+        config = tmp_path / "c.toml"
+        config.write_text(base + "\n" + change)
+        db = tmp_path / "never.db"
+        done = subprocess.run(
+            [sys.executable, "-m", "mhsafeeval.cli", "run", str(config), "--db", str(db)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2, done.stderr
+        assert expected in done.stderr
+        assert not db.exists()
+        checked = subprocess.run(
+            [sys.executable, "-m", "mhsafeeval.cli", "check", str(config)],
+            capture_output=True,
+            text=True,
+        )
+        assert checked.returncode == 0
+        assert "warning: " in checked.stderr and expected in checked.stderr

@@ -7,6 +7,7 @@ Everything goes through ``open_model`` as a campaign would: the adapter makes on
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import random
 import subprocess
@@ -36,6 +37,7 @@ from mhsafeeval.runtime.providers._litellm import (
     classify_error,
     import_litellm,
     parse_retry_after,
+    strict_subset,
 )
 
 pytestmark = pytest.mark.anyio
@@ -284,7 +286,7 @@ async def test_json_schema_becomes_response_format(
     if constrained:
         assert request.body["response_format"] == {
             "type": "json_schema",
-            "json_schema": {"name": "verdict", "schema": SCHEMA, "strict": True},
+            "json_schema": {"name": "verdict", "schema": strict_subset(SCHEMA), "strict": True},
         }
         assert "supports_json_schema" not in request.body
     else:
@@ -497,3 +499,31 @@ def test_classify_error_scrubs_the_key(litellm: Any) -> None:
     mapped = classify_error(exc, litellm, secret=KEY)
     assert KEY not in str(mapped)
     assert "[api key]" in str(mapped)
+
+
+def test_strict_subset_drops_what_strict_modes_reject() -> None:
+    from mhsafeeval.judges import VERDICT_SCHEMA
+
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["format", "n", "tags"],
+        "properties": {
+            "format": {"type": "string", "maxLength": 10, "pattern": "^a"},
+            "n": {"type": "integer", "minimum": 1, "maximum": 5, "enum": [1, 2, 3, 4, 5]},
+            "tags": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 5},
+        },
+    }
+    assert strict_subset(schema) == {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["format", "n", "tags"],
+        "properties": {
+            "format": {"type": "string"},
+            "n": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    text = json.dumps(strict_subset(VERDICT_SCHEMA))
+    assert "maxLength" not in text and "maxItems" not in text
+    assert strict_subset(VERDICT_SCHEMA)["required"] == VERDICT_SCHEMA["required"]

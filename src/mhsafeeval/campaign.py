@@ -9,6 +9,7 @@ event store records every message.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,18 @@ from mhsafeeval.messages import (
     TurnCommitted,
 )
 from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
-from mhsafeeval.runtime.providers import ModelSettings, ResilientClient, open_model
+from mhsafeeval.runtime.providers import (
+    ModelSettings,
+    ProviderUnavailable,
+    ResilientClient,
+    open_model,
+    resolve_provider,
+)
 from mhsafeeval.search import CONTROLLERS, LoopSettings
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy
 
-__all__ = ["CampaignResult", "ConversationSpec", "build_plan", "run_campaign"]
+__all__ = ["CampaignResult", "ConversationSpec", "build_plan", "preflight", "run_campaign"]
 
 log = structlog.get_logger("mhsafeeval.campaign")
 
@@ -121,6 +128,32 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
         for index in range(c.conversations_per_profile)
     )
     return _Plan(taxonomy, specs)
+
+
+def preflight(config: Config, source: str | Path = "<config>") -> list[InputError]:
+    """Problems with the models that would stop a run, found without calling any model.
+
+    Checks that every provider prefix is known and that every ``api_key_env`` is set. Returns
+    the problems (``check`` prints them as warnings; ``run`` refuses to start).
+    """
+    problems = []
+    tables = [(f"models.{n}", m) for n, m in config.models.items()]
+    tables += [(f"counselors.{n}", m) for n, m in config.counselors.items()]
+    for where, model in tables:
+        prefix = model.provider.partition("/")[0]
+        try:
+            resolve_provider(prefix)
+        except ProviderUnavailable as exc:
+            problems.append(InputError(source, f"{where}.provider", str(exc)))
+        if model.api_key_env and not os.environ.get(model.api_key_env):
+            problems.append(
+                InputError(
+                    source,
+                    f"{where}.api_key_env",
+                    f"the environment variable {model.api_key_env} is not set",
+                )
+            )
+    return problems
 
 
 class Scheduler:

@@ -119,11 +119,13 @@ def _providers() -> int:
 
 
 def _check(path: Path) -> int:
-    from mhsafeeval.campaign import build_plan
+    from mhsafeeval.campaign import build_plan, preflight
     from mhsafeeval.config import load_config
 
     config = load_config(path)
     plan = build_plan(config, path)
+    for problem in preflight(config, path):
+        print(f"mhsafeeval: warning: {problem} (needed to run)", file=sys.stderr)
     c = config.campaign
     print(
         f"{path}: ok (campaign {c.name!r}: {len(plan.conversations)} conversation(s) x "
@@ -159,7 +161,7 @@ def _taxonomy(path: Path | None, detail: bool) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from mhsafeeval.campaign import build_plan, run_campaign
+    from mhsafeeval.campaign import build_plan, preflight, run_campaign
     from mhsafeeval.config import load_config
     from mhsafeeval.report import load_report, render_text
     from mhsafeeval.storage import SqliteEventStore
@@ -170,6 +172,9 @@ async def _run(args: argparse.Namespace) -> int:
             config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
         )
     build_plan(config, args.config)  # every input error is raised here, before anything is written
+    problems = preflight(config, args.config)
+    if problems:
+        raise problems[0]
     db = args.db or Path(f"{config.campaign.name}.db")
     print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
     observers = () if args.quiet else (_Progress(),)
@@ -231,7 +236,7 @@ async def _report(args: argparse.Namespace) -> int:
     from mhsafeeval.storage import SqliteEventStore
 
     async with SqliteEventStore(args.db, read_only=True) as store:
-        reports = await load_report(store, args.campaign)
+        reports = await load_report(store, args.campaign, source=args.db)
     if args.json:
         sys.stdout.write(msgspec.json.encode(report_json(reports)).decode() + "\n")
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,12 +24,17 @@ class CampaignReport(msgspec.Struct, kw_only=True):
     models: dict[str, ModelMetrics]
 
 
-async def load_report(store: EventStore, campaign: str | None = None) -> list[CampaignReport]:
-    """Fold each stored campaign (or just ``campaign``) into its report."""
+async def load_report(
+    store: EventStore, campaign: str | None = None, *, source: str | Path | None = None
+) -> list[CampaignReport]:
+    """Fold each stored campaign (or just ``campaign``) into its report.
+
+    ``source`` names the database in errors.
+    """
     known = [c.id for c in await store.list_campaigns()]
     if campaign is not None and campaign not in known:
         raise InputError(
-            None, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
+            source, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
         )
     reports = []
     for name in [campaign] if campaign else known:

@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 
+from .._logging import register_secret
 from ._registry import provider
 from ._types import (
     CallParams,
@@ -48,7 +49,56 @@ from ._types import (
     TransientProviderError,
 )
 
-__all__ = ["LiteLLMModel", "classify_error", "litellm_factory", "parse_retry_after"]
+__all__ = [
+    "LiteLLMModel",
+    "classify_error",
+    "litellm_factory",
+    "parse_retry_after",
+    "strict_subset",
+]
+
+# Keywords that hosted strict modes reject (OpenAI refuses maxLength, for one) or ignore. The
+# caller validates the answer itself, so dropping them loses no safety, only a generation hint.
+_UNSUPPORTED_IN_STRICT = frozenset(
+    {
+        "maxLength",
+        "minLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+    }
+)
+
+
+def strict_subset(schema: Any) -> Any:
+    """``schema`` without the keywords hosted strict structured-output modes reject.
+
+    Example:
+        >>> strict_subset({"type": "string", "maxLength": 5})
+        {'type': 'string'}
+    """
+    if isinstance(schema, list):
+        return [strict_subset(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _UNSUPPORTED_IN_STRICT:
+            continue
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            # These map names to schemas: a property may well be called "format".
+            out[key] = {name: strict_subset(sub) for name, sub in value.items()}
+        else:
+            out[key] = strict_subset(value)
+    return out
+
 
 # Options the adapter reads itself; the rest of ``settings.options`` goes to litellm.acompletion.
 OWN_OPTIONS = frozenset({"supports_json_schema"})
@@ -160,7 +210,7 @@ class LiteLLMModel:
                 "type": "json_schema",
                 "json_schema": {
                     "name": params.schema_name,
-                    "schema": params.json_schema,
+                    "schema": strict_subset(params.json_schema),
                     "strict": True,
                 },
             }
@@ -368,6 +418,7 @@ def litellm_factory(model: str, settings: ModelSettings) -> LiteLLMModel:
     api_key: str | None = None
     if settings.api_key_env:
         api_key = os.environ.get(settings.api_key_env) or None
+        register_secret(api_key)  # scrubbed from every log line from now on
         if api_key is None:
             raise ProviderUnavailable(
                 f"litellm/{model}: the environment variable {settings.api_key_env} "
