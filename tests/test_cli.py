@@ -108,7 +108,8 @@ def test_run_refuses_missing_keys_and_unknown_providers_before_writing(tmp_path:
         (
             '[counselors.hosted]\nprovider = "litellm/openai/gpt-4o-mini"\n'
             'api_key_env = "MHS_TEST_SURELY_UNSET"\n',
-            "counselors.hosted.api_key_env: the environment variable MHS_TEST_SURELY_UNSET is not set",
+            "counselors.hosted.api_key_env: the environment variable MHS_TEST_SURELY_UNSET "
+            "is not set",
         ),
         (
             '[counselors.odd]\nprovider = "nosuch/model"\n',
@@ -133,3 +134,23 @@ def test_run_refuses_missing_keys_and_unknown_providers_before_writing(tmp_path:
         )
         assert checked.returncode == 0
         assert "warning: " in checked.stderr and expected in checked.stderr
+
+
+def test_profiles_and_taxonomy_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "grief-widower" in out and "14 profile(s) ok (built-in)" in out
+    assert main(["taxonomy"]) == 0
+    out = capsys.readouterr().out
+    assert "R-MHSafe" in out and "Gaslighting" in out
+
+    broken = tmp_path / "client.json"
+    broken.write_text('{"life_history": "x", "core_beliefs": ["y"]}')
+    assert main(["profiles", str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert str(broken) in err and "missing required field" in err
+
+    tax = tmp_path / "tax.toml"
+    tax.write_text('name = "t"\nversion = "1"\ndescription = "d"\n[categories]\n')
+    assert main(["taxonomy", str(tax)]) == 2
+    assert str(tax) in capsys.readouterr().err

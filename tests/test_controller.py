@@ -487,23 +487,7 @@ def severity_world(models: dict[str, str]) -> Decide:
 
 
 def elite_of(u: ArchiveUpdated) -> Elite:
-    return Elite(
-        category=u.category,
-        role=u.role,
-        severity=u.severity,
-        instruction=u.instruction,
-        utterance=u.utterance,
-        reply=u.reply,
-        label=u.label,
-        reasoning=u.reasoning,
-        evidence=u.evidence,
-        verdict_id=u.verdict_id,
-        conversation=u.conversation,
-        turn=u.turn,
-        attempt=u.attempt,
-        operator=u.operator,
-        counselor_model=u.counselor_model,
-    )
+    return u.elite
 
 
 async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() -> None:
@@ -542,14 +526,18 @@ async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() ->
                 v.attempt,
                 v.id,
             )
-            assert (u.category, u.role, u.severity, u.label) == (
+            assert (u.category, u.role, u.severity, u.elite.label) == (
                 v.category,
                 v.role,
                 v.severity,
                 v.label,
             )
-            assert (u.reasoning, u.evidence, u.operator) == (v.reasoning, v.evidence, d.operator)
-            assert (u.instruction, u.utterance, u.reply) == (
+            assert (u.elite.reasoning, u.elite.evidence, u.elite.operator) == (
+                v.reasoning,
+                v.evidence,
+                d.operator,
+            )
+            assert (u.elite.instruction, u.elite.utterance, u.elite.reply) == (
                 text("instruction", v),
                 text("client", v),
                 text("counselor", v),

@@ -33,6 +33,7 @@ __all__ = [
     "ConversationStarted",
     "CounselorReply",
     "Directive",
+    "Elite",
     "Exchange",
     "HandlerFailed",
     "Instruction",
@@ -252,22 +253,64 @@ class TurnCommitted(Message, frozen=True, tag="turn.committed"):
     counselor_calls: int = 0
 
 
-class ArchiveUpdated(Message, frozen=True, tag="archive.updated"):
-    """A cell of a counselor model's harm archive has a new elite (the whole elite is here,
-    so the archive is a fold over these events)."""
+class Elite(msgspec.Struct, frozen=True, kw_only=True):
+    """The best trajectory found for a cell of a harm archive: the attempt, the reply and the
+    judge's verdict, with where it happened."""
 
-    counselor_model: str
     category: str
     role: str
     severity: int
-    verdict_id: str
     instruction: str = ""
     utterance: str = ""
     reply: str = ""
     label: str = ""
     reasoning: str = ""
     evidence: tuple[str, ...] = ()
+    verdict_id: str = ""
+    conversation: str = ""
+    turn: int = 0
+    attempt: int = 0
     operator: Operator = "fresh"
+    counselor_model: str = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.severity <= 5:
+            raise ValueError(f"severity must be 1-5, got {self.severity}")
+
+    @property
+    def cell(self) -> tuple[str, str]:
+        """The cell this elite belongs to: ``(category, role)``."""
+        return (self.category, self.role)
+
+
+class ArchiveUpdated(Message, frozen=True, tag="archive.updated"):
+    """A cell of a counselor model's harm archive has a new elite.
+
+    The whole elite travels with the event, so an archive is the fold of its updates.
+    """
+
+    counselor_model: str
+    elite: Elite
+
+    @property
+    def category(self) -> str:
+        """The elite's category."""
+        return self.elite.category
+
+    @property
+    def role(self) -> str:
+        """The elite's role."""
+        return self.elite.role
+
+    @property
+    def severity(self) -> int:
+        """The elite's severity."""
+        return self.elite.severity
+
+    @property
+    def verdict_id(self) -> str:
+        """The id of the Verdict that made it an elite."""
+        return self.elite.verdict_id
 
 
 class SearchStats(Message, frozen=True, tag="search.stats"):

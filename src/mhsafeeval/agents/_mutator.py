@@ -9,16 +9,12 @@ import msgspec
 from mhsafeeval.messages import Directive, Instruction, Operator, Seed, Usage
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
-    CallParams,
     ChatMessage,
-    ModelCallError,
     ModelClient,
-    StructuredOutputError,
-    complete_structured,
 )
 from mhsafeeval.taxonomy import Taxonomy
 
-from ._prompts import TranscriptAgent, bullets, call_seed, log, render, render_context
+from ._prompts import TranscriptAgent, bullets, log, render, render_context
 from .profiles import ClientProfile, profile_to_text
 
 __all__ = ["INSTRUCTION_SCHEMA", "MutatorAgent"]
@@ -199,24 +195,17 @@ class MutatorAgent(TranscriptAgent):
         op = applied_operator(msg)
         if op != msg.operator:
             log.warning("mutator.fallback", asked=msg.operator, applied=op, seeds=len(msg.seeds))
-        try:
-            result = await complete_structured(
-                self.model,
-                self.prompt(msg),
-                _Written,
-                schema=INSTRUCTION_SCHEMA,
-                schema_name="instruction",
-                params=CallParams(seed=call_seed(msg, self.role)),
-                max_asks=self.max_asks,
-                validate=_check,
-            )
-        except ModelCallError as exc:
-            self.fail(msg, exc)
-            return
-        except StructuredOutputError as exc:
-            tries = sum(c.attempts for c in exc.completions)
-            reason = f"no valid instruction after {len(exc.completions)} asks: {exc.reason}"
-            self.fail(msg, ModelCallError(self.model.name, tries, reason, retryable=True))
+        result = await self.ask(
+            msg,
+            self.prompt(msg),
+            _Written,
+            schema=INSTRUCTION_SCHEMA,
+            schema_name="instruction",
+            what="instruction",
+            validate=_check,
+            max_asks=self.max_asks,
+        )
+        if result is None:
             return
         text = result.value.instruction.strip()
         log.info("mutator.instruction", operator=op, chars=len(text), asks=result.asks)

@@ -10,15 +10,26 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from string import Template
+from typing import Any, TypeVar
 
 import structlog
 
 from mhsafeeval.messages import CallFailed, Exchange, Message, Transcript, TurnCommitted
 from mhsafeeval.runtime import Agent, on
-from mhsafeeval.runtime.providers import ModelCallError, ModelClient
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ChatMessage,
+    ModelCallError,
+    ModelClient,
+    Structured,
+    StructuredOutputError,
+    complete_structured,
+)
+
+T = TypeVar("T")
 
 __all__ = [
     "TranscriptAgent",
@@ -114,8 +125,43 @@ class TranscriptAgent(Agent):
 
     def recent(self) -> list[Exchange]:
         """The last ``context_turns`` committed exchanges, oldest first."""
-        # min(): Transcript.recent(n) with n > len slices from a negative index (keeps too few).
-        return self.transcript.recent(min(self.context_turns, len(self.transcript)))
+        return self.transcript.recent(self.context_turns)
+
+    async def ask(
+        self,
+        parent: Message,
+        messages: list[ChatMessage],
+        kind: type[T],
+        *,
+        schema: dict[str, Any],
+        schema_name: str,
+        what: str,
+        validate: Callable[[T], None],
+        max_asks: int,
+    ) -> Structured[T] | None:
+        """A structured answer for ``parent``, or None once its failure has been published.
+
+        A call that finally fails, and an answer that stays invalid after ``max_asks`` asks,
+        both become :class:`CallFailed` (an invalid answer is as unusable as no answer).
+        """
+        try:
+            return await complete_structured(
+                self.model,
+                messages,
+                kind,
+                schema=schema,
+                schema_name=schema_name,
+                params=CallParams(seed=call_seed(parent, self.role)),
+                max_asks=max_asks,
+                validate=validate,
+            )
+        except ModelCallError as exc:
+            self.fail(parent, exc)
+        except StructuredOutputError as exc:
+            tries = sum(c.attempts for c in exc.completions)
+            reason = f"no valid {what} after {len(exc.completions)} asks: {exc.reason}"
+            self.fail(parent, ModelCallError(self.model.name, tries, reason, retryable=True))
+        return None
 
     def fail(self, parent: Message, error: ModelCallError) -> None:
         """Publish the :class:`CallFailed` for a call made while handling ``parent``."""

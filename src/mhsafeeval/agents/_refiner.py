@@ -11,15 +11,11 @@ import msgspec
 from mhsafeeval.messages import RefinerNotes, Usage, Verdict
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
-    CallParams,
     ChatMessage,
-    ModelCallError,
     ModelClient,
-    StructuredOutputError,
-    complete_structured,
 )
 
-from ._prompts import TranscriptAgent, bullets, call_seed, log, render, render_context
+from ._prompts import TranscriptAgent, bullets, log, render, render_context
 
 __all__ = ["NOTES_SCHEMA", "RefinerAgent"]
 
@@ -156,24 +152,17 @@ class RefinerAgent(TranscriptAgent):
         """Write notes for the next attempt when this one fell short and attempts remain."""
         if msg.severity >= self.threshold or msg.attempt + 1 >= self.max_attempts:
             return
-        try:
-            result = await complete_structured(
-                self.model,
-                self.prompt(msg),
-                _Notes,
-                schema=NOTES_SCHEMA,
-                schema_name="refiner_notes",
-                params=CallParams(seed=call_seed(msg, self.role)),
-                max_asks=self.max_asks,
-                validate=_check,
-            )
-        except ModelCallError as exc:
-            self.fail(msg, exc)
-            return
-        except StructuredOutputError as exc:
-            tries = sum(c.attempts for c in exc.completions)
-            reason = f"no valid notes after {len(exc.completions)} asks: {exc.reason}"
-            self.fail(msg, ModelCallError(self.model.name, tries, reason, retryable=True))
+        result = await self.ask(
+            msg,
+            self.prompt(msg),
+            _Notes,
+            schema=NOTES_SCHEMA,
+            schema_name="refiner_notes",
+            what="notes",
+            validate=_check,
+            max_asks=self.max_asks,
+        )
+        if result is None:
             return
         # key: two judges' verdicts on one attempt give two distinct notes messages.
         notes = RefinerNotes(

@@ -326,23 +326,12 @@ class TurnController(Agent):
         if (elite.category, elite.role) not in set(self.cells):
             return
         if self.archive(conv.model).offer(elite):
+            # key: two judges improving one attempt's cell give two distinct events (ids).
             self.publish(
                 ArchiveUpdated(
-                    # key: two judges' verdicts on one attempt may both improve the cell; the
-                    # same id would make the store keep only the first update.
                     **verdict.child_ids(key=f"archive:{verdict.key}"),
                     counselor_model=conv.model,
-                    category=elite.category,
-                    role=elite.role,
-                    severity=elite.severity,
-                    verdict_id=elite.verdict_id,
-                    instruction=elite.instruction,
-                    utterance=elite.utterance,
-                    reply=elite.reply,
-                    label=elite.label,
-                    reasoning=elite.reasoning,
-                    evidence=elite.evidence,
-                    operator=elite.operator,
+                    elite=elite,
                 )
             )
 

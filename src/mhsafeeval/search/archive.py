@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import msgspec
 
-from mhsafeeval.messages import Operator
+from mhsafeeval.messages import Elite, Operator
 
 __all__ = ["OPERATOR_WEIGHTS", "CellId", "Elite", "HarmArchive", "Plan", "operator_weights"]
 
@@ -48,35 +48,6 @@ At or below 30% coverage mostly category and role changes; at or above 70% mostl
 and variation; linear interpolation in between. :func:`operator_weights` then drops operators
 that are impossible and renormalises.
 """
-
-
-class Elite(msgspec.Struct, frozen=True, kw_only=True):
-    """The best trajectory found for a cell: the attempt, the reply and the judge's verdict."""
-
-    category: str
-    role: str
-    severity: int
-    instruction: str = ""
-    utterance: str = ""
-    reply: str = ""
-    label: str = ""
-    reasoning: str = ""
-    evidence: tuple[str, ...] = ()
-    verdict_id: str = ""
-    conversation: str = ""
-    turn: int = 0
-    attempt: int = 0
-    operator: Operator = "fresh"
-    counselor_model: str = ""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.severity <= 5:
-            raise ValueError(f"severity must be 1-5, got {self.severity}")
-
-    @property
-    def cell(self) -> CellId:
-        """The cell this elite belongs to."""
-        return (self.category, self.role)
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
