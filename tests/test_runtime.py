@@ -331,3 +331,40 @@ def test_overridden_handler_without_on_is_not_a_handler() -> None:
 
     assert Quiet.handled_types() == (Pong,)
     assert Collector.handled_types() == (Ping, Pong)
+
+
+class Wide(Agent):
+    """Opts in to four handlers at once: four pings meet at a barrier no single handler passes."""
+
+    max_concurrent_handlers = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = 0
+        self.everyone = anyio.Event()
+        self.started: list[int] = []
+        self.peak = 0
+        self.running = 0
+
+    @on(Ping)
+    async def meet(self, msg: Ping) -> None:
+        self.started.append(msg.n)
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        self.arrived += 1
+        if self.arrived == 4:
+            self.everyone.set()
+        await self.everyone.wait()
+        self.running -= 1
+
+
+async def test_an_agent_may_opt_in_to_concurrent_handlers() -> None:
+    agent = Wide()
+    with anyio.fail_after(10):  # one handler at a time would wait at the barrier forever
+        async with Runtime() as rt:
+            rt.add(agent)
+            for n in range(9):
+                rt.publish(Ping(n=n, key=str(n)))
+            await rt.run_until_idle()
+    assert agent.started == list(range(9))  # started in mailbox order
+    assert agent.peak == 4  # never more than it asked for

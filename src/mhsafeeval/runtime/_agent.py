@@ -68,6 +68,12 @@ class Agent:
     conversation; cancellation itself always propagates.
     """
 
+    max_concurrent_handlers: ClassVar[int] = 1
+    """How many messages one instance may handle at once. 1 (the default) is the actor model:
+    one at a time, in order. An agent whose handlers only read shared state before their first
+    await (and whose state changes are synchronous) may raise it, so that, say, a tree search's
+    simulations of one conversation run side by side; handlers then *start* in mailbox order."""
+
     _handlers: ClassVar[tuple[tuple[type[Message], str, bool], ...]] = ()
     _dispatch_cache: ClassVar[dict[type[Message], tuple[tuple[str, bool], ...]]]
 

@@ -26,6 +26,12 @@ Observer = Callable[[Message], Awaitable[None] | None]
 _FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
 
 
+def _bind(msg: Message) -> None:
+    bind_contextvars(
+        campaign=msg.campaign, conversation=msg.conversation, turn=msg.turn, attempt=msg.attempt
+    )
+
+
 class _Mailbox:
     """One queue, one task. ``agent`` is set for agents, ``callback`` for observers."""
 
@@ -309,45 +315,75 @@ class Runtime:
         agent = mbox.agent
         if agent is not None:
             await agent.on_start()
-        queue = mbox.queue
-        new_event = self._event_cls
-        streak = 0
-        bound: tuple[str, str, int, int] | None = None
+        width = agent.max_concurrent_handlers if agent is not None else 1
         try:
-            while True:
-                if not queue:
-                    if mbox.closed:
-                        break
-                    mbox.wake = wake = new_event()
-                    await wake.wait()
-                    mbox.wake = None
-                    streak = 0
-                    continue
-                msg = queue.popleft()
-                try:
-                    # Re-bind the log context only when it changes (it costs microseconds).
-                    where = (msg.campaign, msg.conversation, msg.turn, msg.attempt)
-                    if where != bound:
-                        bound = where
-                        bind_contextvars(
-                            campaign=where[0],
-                            conversation=where[1],
-                            turn=where[2],
-                            attempt=where[3],
-                        )
-                    await self._deliver(mbox, msg)
-                finally:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.set()
-                streak += 1
-                if streak >= _FAIRNESS:
-                    streak = 0
-                    await anyio.lowlevel.checkpoint()
+            if width > 1:
+                async with anyio.create_task_group() as tg:
+                    await self._drain_concurrently(mbox, tg, anyio.Semaphore(width))
+            else:
+                await self._drain_in_order(mbox)
         finally:
             if agent is not None:
                 with anyio.CancelScope(shield=True):
                     await agent.on_stop()
+
+    async def _next(self, mbox: _Mailbox) -> Message | None:
+        """The mailbox's next message, waiting for one; None once it is closed and empty."""
+        while not mbox.queue:
+            if mbox.closed:
+                return None
+            mbox.wake = wake = self._event_cls()
+            await wake.wait()
+            mbox.wake = None
+        return mbox.queue.popleft()
+
+    def _done_one(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
+
+    async def _drain_in_order(self, mbox: _Mailbox) -> None:
+        queue = mbox.queue
+        streak = 0
+        bound: tuple[str, str, int, int] | None = None
+        while True:
+            if queue:
+                msg = queue.popleft()
+            else:
+                streak = 0
+                next_msg = await self._next(mbox)
+                if next_msg is None:
+                    return
+                msg = next_msg
+            try:
+                # Re-bind the log context only when it changes (it costs microseconds).
+                where = (msg.campaign, msg.conversation, msg.turn, msg.attempt)
+                if where != bound:
+                    bound = where
+                    _bind(msg)
+                await self._deliver(mbox, msg)
+            finally:
+                self._done_one()
+            streak += 1
+            if streak >= _FAIRNESS:
+                streak = 0
+                await anyio.lowlevel.checkpoint()
+
+    async def _drain_concurrently(
+        self, mbox: _Mailbox, tg: TaskGroup, slots: anyio.Semaphore
+    ) -> None:
+        # Handlers start in mailbox order, up to `slots` at a time (the agent opted in).
+        while (msg := await self._next(mbox)) is not None:
+            await slots.acquire()
+            tg.start_soon(self._deliver_in_slot, mbox, msg, slots)
+
+    async def _deliver_in_slot(self, mbox: _Mailbox, msg: Message, slots: anyio.Semaphore) -> None:
+        try:
+            _bind(msg)
+            await self._deliver(mbox, msg)
+        finally:
+            slots.release()
+            self._done_one()
 
     async def _deliver(self, mbox: _Mailbox, msg: Message) -> None:
         agent = mbox.agent
