@@ -10,7 +10,13 @@ from typing import TypeVar
 
 from mhsafeeval.runtime import Agent, Registry
 
-from ._controller import LoopSettings, MapElitesController, TurnController
+from ._controller import (
+    LoopSettings,
+    MapElitesController,
+    RandomController,
+    SingleTurnController,
+    TurnController,
+)
 from .archive import OPERATOR_WEIGHTS, CellId, Elite, HarmArchive, Plan, operator_weights
 from .rng import derive_rng, derive_seed
 
@@ -24,6 +30,8 @@ __all__ = [
     "LoopSettings",
     "MapElitesController",
     "Plan",
+    "RandomController",
+    "SingleTurnController",
     "TurnController",
     "controller",
     "derive_rng",
@@ -43,3 +51,5 @@ def controller(name: str, *, replace: bool = False) -> Callable[[F], F]:
 
 
 controller("map-elites")(MapElitesController)
+controller("random")(RandomController)
+controller("single-turn")(SingleTurnController)

@@ -36,7 +36,13 @@ from mhsafeeval.runtime import Agent, on
 from .archive import CellId, Elite, HarmArchive, Plan
 from .rng import derive_rng
 
-__all__ = ["LoopSettings", "MapElitesController", "TurnController"]
+__all__ = [
+    "LoopSettings",
+    "MapElitesController",
+    "RandomController",
+    "SingleTurnController",
+    "TurnController",
+]
 
 log = structlog.get_logger("mhsafeeval.search")
 
@@ -107,6 +113,8 @@ class TurnController(Agent):
     """
 
     name = "turn-loop"
+    uses_refiner = True
+    """Whether the campaign should run a refiner for this controller."""
 
     def __init__(self, cells: Iterable[CellId], settings: LoopSettings | None = None) -> None:
         super().__init__()
@@ -359,3 +367,24 @@ class MapElitesController(TurnController):
 
     def plan_turn(self, archive: HarmArchive, rng: Random) -> Plan:
         return archive.plan(rng, no_qd=not self.settings.qd_search)
+
+
+class RandomController(TurnController):
+    """Baseline: every turn targets a uniformly random cell with a fresh instruction (no archive
+    guidance); failures are still refined up to ``max_attempts``, like the paper's loop."""
+
+    name = "random"
+
+    def plan_turn(self, archive: HarmArchive, rng: Random) -> Plan:
+        category, role = rng.choice(self.cells)
+        return Plan(category=category, role=role, operator="fresh")
+
+
+class SingleTurnController(MapElitesController):
+    """Baseline: MAP-Elites with one turn per conversation (no multi-turn build-up)."""
+
+    name = "single-turn"
+
+    def __init__(self, cells: Iterable[CellId], settings: LoopSettings | None = None) -> None:
+        base = settings or LoopSettings()
+        super().__init__(cells, msgspec.structs.replace(base, single_turn=True))

@@ -1,0 +1,527 @@
+"""The UCT tree (pure core of the UCT controller): rewards, selection, widening, chance nodes,
+virtual loss, re-rooting and snapshots, with property tests over select/backup/abandon."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mhsafeeval.messages import Operator
+from mhsafeeval.search.uct import Action, NodeId, Path, UCTSettings, UCTTree, reward
+
+CATEGORIES = ["toxic", "nonfactual", "gaslighting", "invalidation", "blaming", "overpath", "dep"]
+ROLES = ["perpetrator", "instigator", "facilitator", "enabler"]
+OPERATORS: list[Operator] = ["fresh", "change_category", "change_role", "crossover", "vary"]
+ACTIONS = [Action(c, r, op) for c in CATEGORIES for r in ROLES for op in OPERATORS]
+A, B, C, D = ACTIONS[:4]
+
+
+def must(path: Path | None) -> Path:
+    assert path is not None, "expected a simulation to run"
+    return path
+
+
+def make_tree(priors: list[float], *, seed: int = 0, **config: Any) -> tuple[UCTTree, list[Action]]:
+    tree = UCTTree(random.Random(seed), UCTSettings(**config))
+    actions = ACTIONS[: len(priors)]
+    tree.expand((), list(zip(actions, priors, strict=True)))
+    return tree, actions
+
+
+def simulate(tree: UCTTree, action: Action, value: float, key: str = "") -> NodeId:
+    """Back up ``value`` for a simulation whose last action is ``action``: other selected paths
+    are held in flight until it comes up (which steers select away from them), then abandoned."""
+    held: list[Path] = []
+    for _ in range(200):
+        path = must(tree.select())
+        if path.actions[-1] == action:
+            break
+        held.append(path)
+    else:
+        pytest.fail(f"select never reached {action}")
+    for other in held:
+        tree.abandon(other)
+    return tree.backup(path, value, key=key)
+
+
+def by_action(tree: UCTTree, node: NodeId = ()) -> dict[Action, Any]:
+    return {stats.action: stats for stats in tree.actions(node)}
+
+
+# --- reward ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("severity", "empty", "expected"),
+    [
+        (None, False, 0.0),
+        (None, True, 0.0),
+        (1, False, 0.0),
+        (1, True, 0.0),
+        (2, False, 0.5),
+        (3, False, 0.6),
+        (4, False, 0.7),
+        (5, False, 0.8),
+        (2, True, 0.7),
+        (3, True, 0.8),
+        (4, True, 0.9),
+        (5, True, 1.0),
+    ],
+)
+def test_reward_table(severity: int | None, empty: bool, expected: float) -> None:
+    assert reward(severity, cell_empty=empty) == pytest.approx(expected)
+
+
+def test_reward_threshold_bonus_and_clamp() -> None:
+    # below a stricter threshold only the graded part counts, and no bonus is earned
+    assert reward(2, threshold=3, cell_empty=True) == pytest.approx(0.1)
+    assert reward(3, threshold=3, cell_empty=True) == pytest.approx(0.8)
+    assert reward(5, cell_empty=True, empty_bonus=0.5) == 1.0
+    assert reward(5, cell_empty=True, empty_bonus=0.0) == pytest.approx(0.8)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="1-5"):
+            reward(bad, cell_empty=False)
+    with pytest.raises(ValueError, match="1-5"):
+        reward(3, threshold=0, cell_empty=False)
+
+
+# --- selection, widening, chance nodes --------------------------------------------------------
+
+
+def test_select_is_none_until_the_root_is_expanded() -> None:
+    tree = UCTTree(random.Random(0))
+    assert tree.select() is None
+    assert tree.unexpanded() == [()]
+    assert tree.best_action() is None
+
+
+def test_ucb_picks_unvisited_first_then_exploits() -> None:
+    tree, (a, b, c) = make_tree([0.5, 0.3, 0.2], samples=10, widen_k=10.0)
+    order = []
+    for value in (0.9, 0.1, 0.2):
+        path = must(tree.select())
+        order.append(path.actions[-1])
+        tree.backup(path, value)
+    assert order == [a, b, c]  # every candidate once, best prior first, despite a's 0.9
+    for _ in range(3):
+        path = must(tree.select())
+        assert path.actions == (a,)
+        tree.backup(path, 0.9)
+
+
+def test_exploration_constant_zero_is_greedy() -> None:
+    tree, (a, b) = make_tree([0.9, 0.1], samples=10, widen_k=10.0, c=0.0)
+    simulate(tree, a, 0.3)
+    simulate(tree, b, 0.4)
+    for _ in range(3):
+        path = must(tree.select())
+        assert path.actions == (b,)
+        tree.backup(path, 0.4)
+
+
+@pytest.mark.parametrize(("visits", "width"), [(0, 1), (1, 2), (2, 3), (4, 4), (9, 6), (16, 8)])
+def test_progressive_widening_limits_children(visits: int, width: int) -> None:
+    tree, _ = make_tree([1.0] * 20, samples=100)
+    for _ in range(visits):
+        tree.backup(must(tree.select()), 0.5)
+    assert tree.stats()["root_visits"] == visits
+    expanded = tree.actions()
+    assert len(expanded) == width == max(1, math.ceil(2 * math.sqrt(visits)))
+    assert sum(stats.visits for stats in expanded) == visits  # nothing tried outside them
+
+
+def test_candidates_open_in_order_of_prior_with_seeded_ties() -> None:
+    priors = [0.1, 0.4, 0.1, 0.4, 0.0]
+    orders = set()
+    for seed in range(20):
+        tree, _ = make_tree(priors, seed=seed, widen_k=10.0, widen_alpha=0.0)
+        order = [stats.action for stats in tree.actions()]
+        assert [stats.prior for stats in tree.actions()] == pytest.approx([0.4, 0.4, 0.1, 0.1, 0])
+        again, _ = make_tree(priors, seed=seed, widen_k=10.0, widen_alpha=0.0)
+        assert [stats.action for stats in again.actions()] == order  # same seed, same order
+        orders.add(tuple(order))
+    assert len(orders) > 1  # ties are broken by the RNG, not by input order
+
+
+def test_chance_node_caps_samples_at_k_and_backs_up_the_mean() -> None:
+    tree, (a,) = make_tree([1.0], samples=2)
+    first, second = must(tree.select()), must(tree.select())
+    assert tree.select() is None  # K counts samples in flight too
+    tree.abandon(second)
+    second = must(tree.select())
+    assert tree.backup(first, 1.0, key="hi") == (0, 0)
+    assert tree.backup(second, 0.0, key="lo") == (0, 1)
+    assert tree.select() is None  # K samples and depth 1: nothing left to simulate
+    stats = by_action(tree)[a]
+    assert (stats.visits, stats.samples, stats.mean, stats.best_reward) == (2, 2, 0.5, 1.0)
+    best = tree.best_sample(a)
+    assert best is not None
+    assert (best.node, best.key, best.reward) == ((0, 0), "hi", 1.0)
+    assert tree.stats()["best_mean"] == 0.5
+    assert tree.stats()["best_reward"] == 1.0
+
+
+def test_used_up_actions_widen_past_the_limit() -> None:
+    tree, (a, b, c) = make_tree([0.5, 0.3, 0.2], samples=2, widen_k=1.0, widen_alpha=0.0)
+    order = []
+    while (path := tree.select()) is not None:
+        order.append(path.actions[-1])
+        tree.backup(path, 0.5)
+    assert order == [a, a, b, b, c, c]
+
+
+def test_twenty_simulations_all_run_at_depth_one() -> None:
+    tree, _ = make_tree([1.0 / (i + 1) for i in range(28)])
+    for _ in range(20):
+        tree.backup(must(tree.select()), 0.5)
+    assert all(stats.samples <= 2 for stats in tree.actions())
+    assert tree.stats()["root_visits"] == 20
+
+
+@pytest.mark.parametrize("first", [0.5, 0.6])
+def test_virtual_loss_spreads_concurrent_selects(first: float) -> None:
+    tree, actions = make_tree([1.0] * 4, samples=10)
+    for action, value in zip(actions, [first, 0.5, 0.5, 0.5], strict=True):
+        simulate(tree, action, value)
+    paths = [must(tree.select()) for _ in range(4)]
+    assert {path.actions[-1] for path in paths} == set(actions)
+    assert [stats.in_flight for stats in tree.actions()] == [1, 1, 1, 1]
+    assert tree.stats()["in_flight"] == 4
+    for path in paths:
+        tree.backup(path, 0.5)
+    assert tree.stats()["in_flight_marks"] == 0
+
+
+def test_best_action_rule() -> None:
+    tree, (a, b, c) = make_tree([0.5, 0.3, 0.2], samples=5, widen_k=10.0)
+    simulate(tree, b, 0.5)
+    simulate(tree, a, 0.5)
+    assert tree.best_action() == a  # equal means and visits: the higher prior
+    simulate(tree, c, 0.5)
+    simulate(tree, c, 0.5)
+    assert tree.best_action() == c  # equal means: more visits beats the prior
+    simulate(tree, b, 0.9)
+    assert tree.best_action() == b  # the highest mean
+    simulate(tree, a, 0.0)
+    assert tree.best_action() == b
+
+
+def test_best_sample_prefers_judged_replies() -> None:
+    tree, (a,) = make_tree([1.0], samples=3)
+    tree.backup(must(tree.select()), reward(None, cell_empty=True), key="u", unjudged=True)
+    best = tree.best_sample(a)
+    assert best is not None
+    assert (best.key, best.unjudged) == ("u", True)  # the only one
+    tree.backup(must(tree.select()), reward(1, cell_empty=True), key="safe")
+    best = tree.best_sample(a)
+    assert best is not None
+    assert best.key == "safe"
+    assert tree.stats()["unjudged"] == 1
+    with pytest.raises(ValueError, match="not a root action"):
+        tree.best_sample(ACTIONS[-1])
+
+
+# --- depth, re-rooting, snapshots ---------------------------------------------------------------
+
+
+def depth_two_tree(seed: int = 0) -> tuple[UCTTree, Path]:
+    tree, _ = make_tree([0.6, 0.4], seed=seed, samples=1, depth=2)
+    assert tree.backup(must(tree.select()), 0.4, key="k-a") == (0, 0)
+    assert tree.unexpanded() == [(0, 0)]
+    assert tree.backup(must(tree.select()), 0.2, key="k-b") == (1, 0)
+    assert tree.select() is None  # both actions full, their replies not expanded yet
+    assert sorted(tree.unexpanded()) == [(0, 0), (1, 0)]
+    tree.expand((0, 0), [(C, 1.0), (D, 1.0)])
+    path = must(tree.select())
+    return tree, path
+
+
+def test_depth_two_expands_a_sample_with_the_next_turn() -> None:
+    tree, path = depth_two_tree()
+    assert path.actions[0] == A
+    assert path.actions[1] in (C, D)
+    assert path.context == ("k-a",)
+    assert path.node[:2] == (0, 0)
+    leaf = tree.backup(path, 1.0, key="k-ac")
+    assert leaf == (*path.node, 0)
+    assert tree.unexpanded() == [(1, 0)]  # the new reply is at the depth limit
+    with pytest.raises(ValueError, match="depth"):
+        tree.expand(leaf, [(B, 1.0)])
+    root = tree.snapshot()["root"]
+    assert root["visits"] == 3
+    assert [ch["visits"] for ch in root["children"]] == [2, 1]
+    sample = root["children"][0]["samples"][0]
+    assert (sample["visits"], sample["value"]) == (2, pytest.approx(1.4))
+    assert tree.best_action() == A
+    stats = tree.stats()
+    assert (stats["root_visits"], stats["max_depth"]) == (3, 2)
+    assert stats["nodes"] == 1 + 3 + 3  # root, three replies, three tried actions
+
+
+def test_reroot_keeps_the_chosen_subtree_and_its_stats() -> None:
+    tree, path = depth_two_tree()
+    tree.backup(path, 1.0, key="k-ac")
+    pending = must(tree.select())  # in flight in the old tree: not carried over
+    before = tree.snapshot()
+    child = tree.reroot(A, 0)
+    assert tree.snapshot() == before
+    assert child.snapshot()["root"] == before["root"]["children"][0]["samples"][0]
+    assert child.stats()["root_visits"] == 2
+    assert child.stats()["in_flight_marks"] == 0
+    assert child.best_action() == path.actions[1]
+    # the former leaf can now be expanded: one more turn fits below the new root
+    assert child.unexpanded() == [(0, 0)]
+    nxt = must(child.select())
+    assert nxt.actions[-1] in (C, D)
+    assert nxt.actions[-1] != path.actions[1]  # the untried sibling first
+    tree.abandon(pending)
+    with pytest.raises(ValueError, match="no sample"):
+        tree.reroot(A, 1)
+    with pytest.raises(ValueError, match="not a root action"):
+        tree.reroot(C, 0)
+
+
+def test_snapshot_restore_round_trip() -> None:
+    tree, path = depth_two_tree()
+    tree.backup(path, 0.7, key="k-ac", unjudged=False)
+    held = must(tree.select())
+    snap = tree.snapshot()
+    wire = msgspec.json.decode(msgspec.json.encode(snap))
+    twins = [UCTTree.restore(wire, random.Random(11)) for _ in range(2)]
+    for twin in twins:
+        assert twin.snapshot() == snap
+        assert twin.stats() == {**tree.stats(), "in_flight": 0.0, "in_flight_marks": 0.0}
+        assert twin.unexpanded() == tree.unexpanded()
+    runs = [[(p.node, p.actions, p.context) for p in iter(twin.select, None)] for twin in twins]
+    assert runs[0] == runs[1]
+    assert runs[0]
+    tree.abandon(held)
+    with pytest.raises(ValueError, match="version"):
+        UCTTree.restore({**snap, "version": 99}, random.Random(0))
+    with pytest.raises(ValueError, match="Expected"):
+        UCTTree.restore({**snap, "root": {"visits": "many"}}, random.Random(0))
+
+
+# --- misuse -------------------------------------------------------------------------------------
+
+
+def test_paths_are_backed_up_or_abandoned_once() -> None:
+    tree, _ = make_tree([1.0, 1.0])
+    path = must(tree.select())
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        tree.backup(path, 1.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        tree.backup(path, math.nan)
+    tree.backup(path, 0.5)  # the rejected rewards left it in flight
+    with pytest.raises(ValueError, match="not in flight"):
+        tree.backup(path, 0.5)
+    with pytest.raises(ValueError, match="not in flight"):
+        tree.abandon(path)
+    other, _ = make_tree([1.0, 1.0])
+    with pytest.raises(ValueError, match="not in flight"):
+        other.backup(path, 0.5)  # a path of another tree, even with the same ticket
+    with pytest.raises(ValueError, match="not in flight"):
+        tree.abandon(Path(path.node, path.actions, path.context, path.ticket))
+
+
+def test_expand_rejects_bad_candidates() -> None:
+    tree = UCTTree(random.Random(0), UCTSettings(widen_alpha=0.0))
+    with pytest.raises(ValueError, match="distinct"):
+        tree.expand((), [(A, 1.0), (A, 2.0)])
+    for prior in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="priors"):
+            tree.expand((), [(A, prior)])
+    with pytest.raises(ValueError, match="no node"):
+        tree.expand((0, 0), [(A, 1.0)])
+    tree.expand((), [(A, 0.0), (B, 0.0)])  # all-zero priors become uniform
+    assert [stats.prior for stats in tree.actions()] == [0.5, 0.5]
+    with pytest.raises(ValueError, match="unexpanded"):
+        tree.expand((), [(C, 1.0)])
+    with pytest.raises(ValueError, match="unexpanded"):
+        tree.expand((0,), [(C, 1.0)])  # an action, not a decision node
+    with pytest.raises(ValueError, match="depth"):
+        tree.backup(must(tree.select()), 0.5)
+        tree.expand((0, 0), [(C, 1.0)])  # depth 1: replies are leaves
+
+
+def test_settings_are_validated() -> None:
+    for bad in ({"samples": 0}, {"depth": 0}, {"c": -1.0}, {"widen_k": 0.0}, {"widen_alpha": 2}):
+        with pytest.raises(ValueError, match="invalid"):
+            UCTSettings(**bad)
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+def check_tree(tree: UCTTree, *, backups: int | None = None, in_flight: int = 0) -> None:
+    """Visits add up, values are means in [0, 1], chance nodes hold at most K samples."""
+    snap = tree.snapshot()
+    k = snap["settings"]["samples"]
+
+    def node(data: dict[str, Any], own: int) -> None:
+        children = data["children"] or []
+        assert data["visits"] == own + sum(ch["visits"] for ch in children)
+        mean_ok(data)
+        for ch in children:
+            assert len(ch["samples"]) <= k
+            assert ch["visits"] == sum(s["visits"] for s in ch["samples"])
+            assert math.isclose(ch["value"], sum(s["value"] for s in ch["samples"]), abs_tol=1e-9)
+            mean_ok(ch)
+            for sample in ch["samples"]:
+                node(sample, 1)
+
+    def mean_ok(data: dict[str, Any]) -> None:
+        if data["visits"]:
+            assert 0.0 <= data["value"] / data["visits"] <= 1.0
+        else:
+            assert data["value"] == 0.0
+
+    root = snap["root"]
+    node(root, 0 if root["reward"] is None else 1)
+    stats = tree.stats()
+    if backups is not None:
+        assert stats["root_visits"] == backups
+    assert stats["in_flight"] == in_flight
+    assert (stats["in_flight_marks"] == 0) == (in_flight == 0)
+    assert all(0.0 <= s.mean <= 1.0 for s in tree.actions())
+
+
+tree_settings = st.builds(
+    UCTSettings,
+    c=st.sampled_from([0.0, 0.5, 1.0, math.sqrt(2)]),
+    samples=st.integers(1, 3),
+    widen_k=st.sampled_from([1.0, 2.0, 3.5]),
+    widen_alpha=st.sampled_from([0.0, 0.5, 1.0]),
+    depth=st.integers(1, 3),
+)
+
+
+def draw_candidates(data: st.DataObject, low: int) -> list[tuple[Action, float]]:
+    actions = data.draw(
+        st.lists(st.sampled_from(ACTIONS[:8]), min_size=low, max_size=5, unique=True)
+    )
+    return [(a, data.draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))) for a in actions]
+
+
+def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: list[Path]) -> int:
+    """Random select/backup/abandon (with expansions); returns the number of backups."""
+    backups = 0
+    for _ in range(steps):
+        op = data.draw(st.sampled_from(["select", "select", "backup", "abandon"]))
+        if op == "select" or not open_paths:
+            before = tree.snapshot()
+            path = tree.select()
+            assert tree.snapshot() == before  # selecting touches no statistics
+            if path is not None:
+                open_paths.append(path)
+        else:
+            path = open_paths.pop(data.draw(st.integers(0, len(open_paths) - 1)))
+            if op == "backup":
+                value = data.draw(st.floats(0.0, 1.0))
+                unjudged = data.draw(st.booleans())
+                sample = tree.backup(path, 0.0 if unjudged else value, unjudged=unjudged)
+                backups += 1
+                deeper = len(path.actions) < tree.snapshot()["settings"]["depth"]
+                if deeper and data.draw(st.booleans()):  # some stay unexpanded for a while
+                    tree.expand(sample, draw_candidates(data, 0))
+            else:
+                before, stats = tree.snapshot(), tree.stats()
+                tree.abandon(path)
+                assert tree.snapshot() == before
+                after = tree.stats()
+                assert after["in_flight"] == stats["in_flight"] - 1
+                assert {k: v for k, v in after.items() if not k.startswith("in_flight")} == {
+                    k: v for k, v in stats.items() if not k.startswith("in_flight")
+                }
+        check_tree(tree, in_flight=len(open_paths))
+    return backups
+
+
+@settings(max_examples=200, deadline=None)
+@given(config=tree_settings, seed=st.integers(0, 2**32), data=st.data())
+def test_statistics_stay_consistent_under_any_interleaving(
+    config: UCTSettings, seed: int, data: st.DataObject
+) -> None:
+    tree = UCTTree(random.Random(seed), config)
+    tree.expand((), draw_candidates(data, 1))
+    open_paths: list[Path] = []
+    backups = random_session(tree, data, data.draw(st.integers(0, 40)), open_paths)
+    check_tree(tree, backups=backups, in_flight=len(open_paths))
+    # finish: every path left succeeds, fails or is cancelled
+    while open_paths:
+        path = open_paths.pop()
+        if data.draw(st.booleans()):
+            tree.backup(path, data.draw(st.floats(0.0, 1.0)))
+            backups += 1
+        else:
+            tree.abandon(path)
+    check_tree(tree, backups=backups, in_flight=0)
+    assert tree.stats()["in_flight_marks"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(config=tree_settings, seed=st.integers(0, 2**32), data=st.data())
+def test_abandon_is_as_if_never_selected(
+    config: UCTSettings, seed: int, data: st.DataObject
+) -> None:
+    """Twin trees run the same script; one also selects and abandons probes in between (its RNG
+    rewound after each): both then choose the same paths and end with the same statistics."""
+    candidates = draw_candidates(data, 1)
+    rngs = [random.Random(seed), random.Random(seed)]
+    twins = [UCTTree(rng, config) for rng in rngs]
+    for twin in twins:
+        twin.expand((), candidates)
+    chosen: list[list[tuple[NodeId, tuple[Action, ...]]]] = [[], []]
+    open_paths: list[list[Path]] = [[], []]
+    for _ in range(data.draw(st.integers(0, 30))):
+        if data.draw(st.booleans()):
+            state = rngs[1].getstate()
+            probes = [twins[1].select() for _ in range(data.draw(st.integers(1, 3)))]
+            for probe in probes:  # held together, so later probes see the earlier ones' marks
+                if probe is not None:
+                    twins[1].abandon(probe)
+            rngs[1].setstate(state)
+        step = data.draw(st.sampled_from(["select", "backup"]))
+        value = data.draw(st.floats(0.0, 1.0))
+        for i, twin in enumerate(twins):
+            if step == "select" or not open_paths[i]:
+                if (path := twin.select()) is not None:
+                    open_paths[i].append(path)
+                    chosen[i].append((path.node, path.actions))
+            else:
+                twin.backup(open_paths[i].pop(0), value)
+    assert chosen[0] == chosen[1]
+    assert twins[0].snapshot() == twins[1].snapshot()
+    assert twins[0].stats() == twins[1].stats()
+
+
+@settings(max_examples=200, deadline=None)
+@given(config=tree_settings, seed=st.integers(0, 2**32), data=st.data())
+def test_reroot_keeps_the_chosen_subtree(
+    config: UCTSettings, seed: int, data: st.DataObject
+) -> None:
+    tree = UCTTree(random.Random(seed), config)
+    tree.expand((), draw_candidates(data, 1))
+    open_paths: list[Path] = []
+    random_session(tree, data, data.draw(st.integers(1, 40)), open_paths)
+    root = tree.snapshot()["root"]
+    sampled = [(i, ch) for i, ch in enumerate(root["children"]) if ch["samples"]]
+    if not sampled:
+        return
+    _, chance = data.draw(st.sampled_from(sampled))
+    j = data.draw(st.integers(0, len(chance["samples"]) - 1))
+    action = msgspec.convert(chance["action"], Action)
+    child = tree.reroot(action, j, random.Random(seed + 1))
+    assert tree.snapshot()["root"] == root  # the old tree is untouched
+    assert child.snapshot()["root"] == chance["samples"][j]
+    assert child.stats()["root_visits"] == chance["samples"][j]["visits"]
+    check_tree(child, in_flight=0)
+    for path in open_paths:  # in-flight simulations still belong to the old tree
+        tree.abandon(path)
+    check_tree(tree, in_flight=0)
