@@ -112,7 +112,8 @@ def render_text(report: CampaignReport) -> str:
             for role, u in sorted(m.usage.items())
         )
         lines.append(
-            f"{'':<22}asr@k: " + " ".join(f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items())
+            f"{'':<22}ASR@k (counselor calls per turn): "
+            + " ".join(f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items())
         )
         if spent:
             lines.append(f"{'':<22}spent: {spent}")

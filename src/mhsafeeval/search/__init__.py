@@ -19,24 +19,33 @@ from ._controller import (
 )
 from .archive import OPERATOR_WEIGHTS, CellId, Elite, HarmArchive, Plan, operator_weights
 from .rng import derive_rng, derive_seed
+from .uct import Action, ActionStats, NodeId, Path, Sample, UCTSettings, UCTTree, reward
 
 __all__ = [
     "CONTROLLERS",
     "OPERATOR_WEIGHTS",
+    "Action",
+    "ActionStats",
     "CellId",
     "ControllerFactory",
     "Elite",
     "HarmArchive",
     "LoopSettings",
     "MapElitesController",
+    "NodeId",
+    "Path",
     "Plan",
     "RandomController",
+    "Sample",
     "SingleTurnController",
     "TurnController",
+    "UCTSettings",
+    "UCTTree",
     "controller",
     "derive_rng",
     "derive_seed",
     "operator_weights",
+    "reward",
 ]
 
 ControllerFactory = Callable[[Iterable[CellId], LoopSettings], Agent]
