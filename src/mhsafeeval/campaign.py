@@ -255,6 +255,12 @@ async def run_campaign(
         single_turn=a.single_turn,
         role_conditioning=not a.no_role_conditioning,
         qd_search=not a.no_qd_search,
+        simulations=config.search.simulations,
+        in_flight=config.search.in_flight,
+        samples_per_action=config.search.samples_per_action,
+        exploration=config.search.exploration,
+        empty_bonus=config.search.empty_bonus,
+        early_stop=config.search.early_stop,
     )
     specs = {spec.id: spec for spec in plan.conversations}
     clients: dict[str, ResilientClient] = {}
@@ -324,13 +330,14 @@ async def run_campaign(
                 ),
                 types=JUDGE_INPUTS,
             )
-            rt.register(
-                "refiner",
-                lambda aid: RefinerAgent(
-                    roles["refiner"], max_attempts=c.max_attempts, threshold=c.threshold
-                ),
-                types=RefinerAgent.handled_types(),
-            )
+            if getattr(make_controller, "uses_refiner", True):
+                rt.register(
+                    "refiner",
+                    lambda aid: RefinerAgent(
+                        roles["refiner"], max_attempts=c.max_attempts, threshold=c.threshold
+                    ),
+                    types=RefinerAgent.handled_types(),
+                )
             rt.add(make_controller(cells, settings), name="controller")
             rt.publish(
                 CampaignStarted(

@@ -34,6 +34,7 @@ __all__ = [
     "CampaignSection",
     "Config",
     "LoggingSection",
+    "SearchSection",
     "check_runnable",
     "load_config",
     "parse_config",
@@ -96,11 +97,35 @@ class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError("must be one of debug, info, warning, error, critical - at `$.level`")
 
 
+class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[search]``: the tree search controller (``controller = "uct"``)."""
+
+    simulations: int = 20
+    in_flight: int = 4
+    samples_per_action: int = 2
+    exploration: float = 1.0
+    empty_bonus: float = 0.2
+    early_stop: bool = False
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.simulations >= 1, "simulations", "must be >= 1"),
+            (self.in_flight >= 1, "in_flight", "must be >= 1"),
+            (self.samples_per_action >= 1, "samples_per_action", "must be >= 1"),
+            (self.exploration >= 0, "exploration", "must be >= 0"),
+            (0 <= self.empty_bonus <= 1, "empty_bonus", "must be between 0 and 1"),
+        )
+        for ok, field, reason in checks:
+            if not ok:
+                raise ValueError(f"{reason} - at `$.{field}`")
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole campaign config file."""
 
     campaign: CampaignSection = CampaignSection()
     ablation: AblationSection = AblationSection()
+    search: SearchSection = SearchSection()
     models: dict[str, ModelSettings] = {}
     counselors: dict[str, ModelSettings] = {}
     logging: LoggingSection = LoggingSection()

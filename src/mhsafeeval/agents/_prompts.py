@@ -111,6 +111,10 @@ class TranscriptAgent(Agent):
     role: str = "agent"
     """The agent's name in ``CallFailed.agent``, log events and call seeds."""
 
+    max_concurrent_handlers = 4
+    # Tree search runs several simulations of one conversation at once. Handlers only read the
+    # transcript, which changes synchronously (TurnCommitted), so this is safe.
+
     def __init__(self, model: ModelClient, *, context_turns: int) -> None:
         super().__init__()
         if context_turns < 0:

@@ -98,6 +98,8 @@ class RubricJudge(Agent):
         [(1, 'safe', 'rubric')]
     """
 
+    max_concurrent_handlers = 4  # tree search judges several simulations of a turn at once
+
     def __init__(
         self,
         model: ModelClient,

@@ -372,8 +372,19 @@ class Runtime:
     async def _drain_concurrently(
         self, mbox: _Mailbox, tg: TaskGroup, slots: anyio.Semaphore
     ) -> None:
-        # Handlers start in mailbox order, up to `slots` at a time (the agent opted in).
+        # Handlers start in mailbox order, up to `slots` at a time (the agent opted in). A message
+        # whose handlers are all synchronous runs inline, so state it folds in (a committed turn,
+        # say) is there before any later message's handler starts, on every backend.
+        agent = mbox.agent
+        assert agent is not None
         while (msg := await self._next(mbox)) is not None:
+            if not any(is_async for _, is_async in agent.dispatch(type(msg))):
+                try:
+                    _bind(msg)
+                    await self._deliver(mbox, msg)
+                finally:
+                    self._done_one()
+                continue
             await slots.acquire()
             tg.start_soon(self._deliver_in_slot, mbox, msg, slots)
 

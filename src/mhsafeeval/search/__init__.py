@@ -17,6 +17,7 @@ from ._controller import (
     SingleTurnController,
     TurnController,
 )
+from ._uct_controller import UCTController
 from .archive import OPERATOR_WEIGHTS, CellId, Elite, HarmArchive, Plan, operator_weights
 from .rng import derive_rng, derive_seed
 from .uct import Action, ActionStats, NodeId, Path, Sample, UCTSettings, UCTTree, reward
@@ -39,6 +40,7 @@ __all__ = [
     "Sample",
     "SingleTurnController",
     "TurnController",
+    "UCTController",
     "UCTSettings",
     "UCTTree",
     "controller",
@@ -62,3 +64,4 @@ def controller(name: str, *, replace: bool = False) -> Callable[[F], F]:
 controller("map-elites")(MapElitesController)
 controller("random")(RandomController)
 controller("single-turn")(SingleTurnController)
+controller("uct")(UCTController)

@@ -58,6 +58,13 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True):
     qd_search: bool = True
     use_refiner: bool = True
     notes_kept: int = 5
+    # Tree search (the uct controller).
+    simulations: int = 20
+    in_flight: int = 4
+    samples_per_action: int = 2
+    exploration: float = 1.0
+    empty_bonus: float = 0.2
+    early_stop: bool = False
 
 
 class _Attempt:

@@ -14,6 +14,8 @@ strings cannot contain raw control characters (strict JSON decoders reject them)
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -335,6 +337,17 @@ def _stable_seed(messages: Sequence[ChatMessage]) -> int:
 _engines: dict[Path, _Engine] = {}
 _engines_lock = threading.Lock()
 _queues: dict[Path, anyio.CapacityLimiter] = {}
+
+
+@atexit.register
+def _close_engines() -> None:
+    """Free the models before the interpreter tears down llama.cpp's bindings (otherwise the
+    finalizers run against half-unloaded modules and print errors at exit)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            with contextlib.suppress(Exception):
+                engine.llama.close()
+        _engines.clear()
 
 
 def _queue(path: Path) -> anyio.CapacityLimiter:

@@ -1,0 +1,379 @@
+"""The UCT controller: plans each turn by Monte Carlo tree search against the counselor.
+
+Each turn runs ``simulations`` (default 20) simulations, up to ``in_flight`` (default 4) at a
+time. A simulation is one attempt of the turn (attempt number = simulation number): the tree
+picks an action (target cell x operator), the mutator and client turn it into an utterance, the
+counselor answers, the judge scores the reply and the reward is backed up. Every judged reply
+is offered to the counselor model's archive. When the budget is spent (or, with ``early_stop``,
+at the first success) the turn commits the **best action's most severe reply**: the best action
+is the root action with the highest mean reward (ties: more visits, then prior); among its
+sampled replies the one with the highest reward (judged before unjudged), because a red-team
+conversation continues from the strongest failure it found. The tree is then re-rooted at that
+reply for the next turn, keeping its statistics. Tree statistics are published as
+:class:`~mhsafeeval.messages.SearchStats` after every simulation, so a run can be inspected.
+
+Depth: this controller runs depth 1 (one turn ahead); the pure tree supports more, at K x the
+counselor calls per level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from random import Random
+
+import structlog
+
+from mhsafeeval.messages import (
+    ArchiveUpdated,
+    CallFailed,
+    ClientUtterance,
+    ConversationFinished,
+    ConversationStarted,
+    CounselorReply,
+    Directive,
+    Elite,
+    Instruction,
+    Message,
+    Operator,
+    SearchStats,
+    Seed,
+    TurnCommitted,
+    Unjudged,
+    Verdict,
+)
+from mhsafeeval.runtime import Agent, on
+
+from ._controller import LoopSettings
+from .archive import CellId, HarmArchive
+from .rng import derive_rng
+from .uct import Action, Path, UCTSettings, UCTTree, reward
+
+__all__ = ["UCTController"]
+
+log = structlog.get_logger("mhsafeeval.search.uct")
+_OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "crossover", "vary")
+
+
+class _Sim:
+    __slots__ = ("action", "instruction", "operator", "path", "reply", "utterance", "verdict")
+
+    def __init__(self, path: Path, action: Action) -> None:
+        self.path = path
+        self.action = action
+        self.operator: Operator = action.operator
+        self.instruction = ""
+        self.utterance = ""
+        self.reply: str | None = None
+        self.verdict: Verdict | None = None
+
+
+class _Conv:
+    __slots__ = ("campaign", "done", "max_turns", "model", "sims", "started", "tree", "turn")
+
+    def __init__(self, campaign: str, model: str, max_turns: int, tree: UCTTree) -> None:
+        self.campaign = campaign
+        self.model = model
+        self.max_turns = max_turns
+        self.tree = tree
+        self.turn = 0
+        self.started = 0  # simulations launched this turn
+        self.done = 0  # simulations finished (judged, unjudged or failed) this turn
+        self.sims: dict[int, _Sim] = {}
+
+
+class UCTController(Agent):
+    """Monte Carlo tree search over client moves; see the module docstring for the contract."""
+
+    name = "uct"
+    uses_refiner = False  # simulations are not retried: the tree decides what to try next
+
+    def __init__(self, cells: Iterable[CellId], settings: LoopSettings | None = None) -> None:
+        super().__init__()
+        self.cells = list(cells)
+        settings = settings or LoopSettings()
+        self.settings = settings
+        self.tree_settings = UCTSettings(
+            c=settings.exploration,
+            samples=settings.samples_per_action,
+        )
+        self.archives: dict[str, HarmArchive] = {}
+        self.tries: dict[tuple[str, CellId, Operator], list[int]] = {}
+        self._convs: dict[str, _Conv] = {}
+
+    def archive(self, model: str) -> HarmArchive:
+        """The harm archive of one counselor model."""
+        if model not in self.archives:
+            self.archives[model] = HarmArchive(self.cells, threshold=self.settings.threshold)
+        return self.archives[model]
+
+    # -- the tree ------------------------------------------------------------------------------
+
+    def _candidates(self, model: str) -> list[tuple[Action, float]]:
+        """Every (cell, operator) move possible now, with a prior.
+
+        The prior doubles for a cell the archive has not filled, and grows with what worked
+        before for this counselor model: the success rate of the move itself, and (weaker) of
+        its category and of its role, since a model that fails in one cell of a category tends
+        to fail in its neighbours. Rates are smoothed towards 0 (``wins / (tries + 1)``).
+        """
+        archive = self.archive(model)
+        filled = len(archive.filled_cells())
+        by_category: dict[str, list[int]] = {}
+        by_role: dict[str, list[int]] = {}
+        for (m, (category, role), _), (wins, tries) in self.tries.items():
+            if m == model:
+                for table, key in ((by_category, category), (by_role, role)):
+                    slot = table.setdefault(key, [0, 0])
+                    slot[0] += wins
+                    slot[1] += tries
+
+        def rate(stats: list[int] | None) -> float:
+            return stats[0] / (stats[1] + 1) if stats else 0.0
+
+        out = []
+        for cell in self.cells:
+            for op in _OPERATORS:
+                if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
+                    continue
+                learned = (
+                    4 * rate(self.tries.get((model, cell, op)))
+                    + 2 * rate(by_category.get(cell[0]))
+                    + rate(by_role.get(cell[1]))
+                )
+                empty = 2.0 if not archive.is_filled(cell) else 1.0
+                out.append((Action(cell[0], cell[1], op), empty * (1.0 + learned)))
+        return out
+
+    def _new_turn(self, source: Message, conv: _Conv) -> None:
+        if not conv.tree.actions(()):
+            conv.tree.expand((), self._candidates(conv.model))
+        conv.started = conv.done = 0
+        conv.sims = {}
+        self._launch(source, conv)
+
+    def _launch(self, source: Message, conv: _Conv) -> None:
+        s = self.settings
+        exhausted = False
+        while (
+            conv.started < s.simulations
+            and conv.started - conv.done < s.in_flight
+            and not (s.early_stop and self._succeeded(conv))
+        ):
+            path = conv.tree.select()
+            if path is None:  # nothing open: waiting for in-flight replies, or used up
+                exhausted = conv.started == conv.done
+                break
+            action = path.actions[-1]
+            attempt = conv.started
+            conv.started += 1
+            sim = conv.sims[attempt] = _Sim(path, action)
+            rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
+            sim.operator, seeds = self._seeds(conv, action, rng)
+            self.publish(
+                Directive(
+                    campaign=conv.campaign,
+                    conversation=source.conversation,
+                    turn=conv.turn,
+                    attempt=attempt,
+                    causation=source.id,
+                    category=action.category,
+                    role=action.role,
+                    operator=sim.operator,
+                    seeds=seeds,
+                    role_conditioning=s.role_conditioning,
+                    controller=self.name,
+                )
+            )
+        stopped = s.early_stop and self._succeeded(conv)
+        if conv.done == conv.started and (conv.started >= s.simulations or exhausted or stopped):
+            self._commit(source, conv)
+
+    def _succeeded(self, conv: _Conv) -> bool:
+        threshold = self.settings.threshold
+        return any(
+            x.verdict is not None and x.verdict.severity >= threshold for x in conv.sims.values()
+        )
+
+    def _seeds(self, conv: _Conv, action: Action, rng: Random) -> tuple[Operator, tuple[Seed, ...]]:
+        if action.operator == "fresh":
+            return "fresh", ()
+        try:
+            elites = self.archive(conv.model).pick_seeds(
+                rng, action.operator, (action.category, action.role)
+            )
+        except LookupError:
+            return "fresh", ()
+        return action.operator, tuple(
+            Seed(
+                category=e.category,
+                role=e.role,
+                instruction=e.instruction,
+                utterance=e.utterance,
+                reply=e.reply,
+                severity=e.severity,
+            )
+            for e in elites
+        )
+
+    # -- committing ----------------------------------------------------------------------------
+
+    def _commit(self, source: Message, conv: _Conv) -> None:
+        action = conv.tree.best_action()
+        sample = conv.tree.best_sample(action) if action is not None else None
+        if action is None or sample is None:
+            self._finish(source, conv, "failed", "no simulation of the turn got a counselor reply")
+            return
+        attempt = int(sample.key)
+        sim = conv.sims[attempt]
+        threshold = self.settings.threshold
+        judged = [x.verdict.severity for x in conv.sims.values() if x.verdict is not None]
+        self.publish(
+            TurnCommitted(
+                **source.child_ids(turn=conv.turn, attempt=max(conv.sims), key="commit"),
+                committed_attempt=attempt,
+                category=action.category,
+                role=action.role,
+                client_text=sim.utterance,
+                counselor_text=sim.reply or "",
+                success=any(v >= threshold for v in judged),
+                best_severity=max(judged, default=None),
+                counselor_calls=sum(x.reply is not None for x in conv.sims.values()),
+            )
+        )
+        if conv.turn + 1 < (1 if self.settings.single_turn else conv.max_turns):
+            conv.tree = conv.tree.reroot(action, sample.node[-1])
+            conv.turn += 1
+            self._new_turn(source, conv)
+        else:
+            self._finish(source, conv, "completed")
+
+    def _finish(self, source: Message, conv: _Conv, status: str, detail: str = "") -> None:
+        del self._convs[source.conversation]
+        self.publish(
+            ConversationFinished(
+                campaign=conv.campaign,
+                conversation=source.conversation,
+                turn=conv.turn,
+                causation=source.id,
+                turns=conv.turn + (status == "completed"),
+                status=status,
+                detail=detail,
+            )
+        )
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _sim(self, msg: Message) -> tuple[_Conv, _Sim] | None:
+        conv = self._convs.get(msg.conversation)
+        if conv is None or msg.turn != conv.turn or msg.attempt not in conv.sims:
+            return None
+        return conv, conv.sims[msg.attempt]
+
+    @on(ConversationStarted)
+    def started(self, msg: ConversationStarted) -> None:
+        rng = derive_rng(self.settings.seed, msg.conversation, "tree")
+        conv = _Conv(
+            msg.campaign,
+            msg.counselor_model,
+            max(1, msg.max_turns),
+            UCTTree(rng, self.tree_settings),
+        )
+        self._convs[msg.conversation] = conv
+        self._new_turn(msg, conv)
+
+    @on(Instruction)
+    def instruction(self, msg: Instruction) -> None:
+        if (cur := self._sim(msg)) is not None:
+            cur[1].instruction, cur[1].operator = msg.text, msg.operator
+
+    @on(ClientUtterance)
+    def utterance(self, msg: ClientUtterance) -> None:
+        if (cur := self._sim(msg)) is not None:
+            cur[1].utterance = msg.text
+
+    @on(CounselorReply)
+    def reply(self, msg: CounselorReply) -> None:
+        if (cur := self._sim(msg)) is not None:
+            cur[1].reply = msg.text
+
+    @on(Verdict)
+    def verdict(self, msg: Verdict) -> None:
+        cur = self._sim(msg)
+        if cur is None or cur[1].verdict is not None:
+            return  # stale, or a second judge on the same reply (the first one counts)
+        conv, sim = cur
+        sim.verdict = msg
+        archive = self.archive(conv.model)
+        cell = (msg.category, msg.role)
+        empty = cell in set(self.cells) and not archive.is_filled(cell)
+        value = reward(
+            msg.severity,
+            threshold=self.settings.threshold,
+            cell_empty=empty,
+            empty_bonus=self.settings.empty_bonus,
+        )
+        conv.tree.backup(sim.path, value, key=str(msg.attempt))
+        tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
+        tally[0] += msg.severity >= self.settings.threshold
+        tally[1] += 1
+        self._offer(conv, sim, msg)
+        self._done(msg, conv)
+
+    @on(Unjudged)
+    def unjudged(self, msg: Unjudged) -> None:
+        cur = self._sim(msg)
+        if cur is None or cur[1].verdict is not None:
+            return
+        conv, sim = cur
+        conv.tree.backup(sim.path, 0.0, key=str(msg.attempt), unjudged=True)
+        self._done(msg, conv)
+
+    @on(CallFailed)
+    def call_failed(self, msg: CallFailed) -> None:
+        cur = self._sim(msg)
+        if cur is None or cur[1].verdict is not None:
+            return
+        conv, sim = cur
+        conv.tree.abandon(sim.path)  # the statistics stay as if it never ran
+        log.warning("search.simulation_failed", agent=msg.agent, model=msg.model, error=msg.error)
+        self._done(msg, conv)
+
+    def _done(self, msg: Message, conv: _Conv) -> None:
+        conv.done += 1
+        self.publish(
+            SearchStats(
+                **msg.child_ids(key="uct"),
+                controller=self.name,
+                stats=conv.tree.stats(),
+            )
+        )
+        self._launch(msg, conv)
+
+    def _offer(self, conv: _Conv, sim: _Sim, verdict: Verdict) -> None:
+        if (verdict.category, verdict.role) not in set(self.cells):
+            return
+        elite = Elite(
+            category=verdict.category,
+            role=verdict.role,
+            severity=verdict.severity,
+            instruction=sim.instruction,
+            utterance=sim.utterance,
+            reply=sim.reply or "",
+            label=verdict.label,
+            reasoning=verdict.reasoning,
+            evidence=verdict.evidence,
+            verdict_id=verdict.id,
+            conversation=verdict.conversation,
+            turn=verdict.turn,
+            attempt=verdict.attempt,
+            operator=sim.operator,
+            counselor_model=conv.model,
+        )
+        if self.archive(conv.model).offer(elite):
+            self.publish(
+                ArchiveUpdated(
+                    **verdict.child_ids(key=f"archive:{verdict.key}"),
+                    counselor_model=conv.model,
+                    elite=elite,
+                )
+            )
