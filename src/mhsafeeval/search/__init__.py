@@ -17,6 +17,7 @@ from ._controller import (
     SingleTurnController,
     TurnController,
 )
+from ._protocol import SearchController, SearchControllerFactory
 from ._uct_controller import UCTController
 from .archive import OPERATOR_WEIGHTS, CellId, Elite, HarmArchive, Plan, operator_weights
 from .rng import derive_rng, derive_seed
@@ -38,6 +39,8 @@ __all__ = [
     "Plan",
     "RandomController",
     "Sample",
+    "SearchController",
+    "SearchControllerFactory",
     "SingleTurnController",
     "TurnController",
     "UCTController",
