@@ -15,24 +15,19 @@ import msgspec
 import structlog
 
 from mhsafeeval.messages import (
-    ArchiveUpdated,
     CallFailed,
-    ClientUtterance,
-    ConversationFinished,
     ConversationStarted,
-    CounselorReply,
     Directive,
-    Instruction,
     Message,
-    Operator,
     RefinerNotes,
     Seed,
     TurnCommitted,
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, on
+from mhsafeeval.runtime import on
 
+from ._base import ArchiveController, AttemptTexts
 from .archive import CellId, Elite, HarmArchive, Plan
 from .rng import derive_rng
 
@@ -67,26 +62,13 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True):
     early_stop: bool = False
 
 
-class _Attempt:
-    __slots__ = (
-        "category",
-        "failed",
-        "instruction",
-        "operator",
-        "reply",
-        "role",
-        "utterance",
-        "verdict",
-    )
+class _Attempt(AttemptTexts):
+    __slots__ = ("category", "failed", "role")
 
     def __init__(self, category: str, role: str) -> None:
+        super().__init__()
         self.category = category
         self.role = role
-        self.instruction = ""
-        self.operator: Operator = "fresh"
-        self.utterance = ""
-        self.reply: str | None = None
-        self.verdict: Verdict | None = None
         self.failed = False
 
 
@@ -103,7 +85,7 @@ class _Conversation:
         self.waiting = False  # for the refiner's notes on the current attempt
 
 
-class TurnController(Agent):
+class TurnController(ArchiveController):
     """The refinement loop shared by controllers.
 
     Per conversation and turn: publish a :class:`Directive` for attempt 0 (from
@@ -120,14 +102,10 @@ class TurnController(Agent):
     """
 
     name = "turn-loop"
-    uses_refiner = True
-    """Whether the campaign should run a refiner for this controller."""
 
     def __init__(self, cells: Iterable[CellId], settings: LoopSettings | None = None) -> None:
-        super().__init__()
-        self.cells = list(cells)
         self.settings = settings or LoopSettings()
-        self.archives: dict[str, HarmArchive] = {}
+        super().__init__(cells, self.settings.threshold)
         self.notes: dict[tuple[str, CellId], deque[str]] = {}
         self._convs: dict[str, _Conversation] = {}
 
@@ -139,11 +117,9 @@ class TurnController(Agent):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def archive(self, model: str) -> HarmArchive:
-        """The harm archive of one counselor model."""
-        if model not in self.archives:
-            self.archives[model] = HarmArchive(self.cells, threshold=self.settings.threshold)
-        return self.archives[model]
+    def texts(self, msg: Message) -> _Attempt | None:
+        cur = self._current(msg)
+        return cur[1] if cur is not None else None
 
     def _current(self, msg: Message) -> tuple[_Conversation, _Attempt] | None:
         conv = self._convs.get(msg.conversation)
@@ -239,17 +215,7 @@ class TurnController(Agent):
 
     def _finish(self, source: Message, conv: _Conversation, status: str, detail: str = "") -> None:
         del self._convs[source.conversation]
-        self.publish(
-            ConversationFinished(
-                campaign=conv.campaign,
-                conversation=source.conversation,
-                turn=conv.turn,
-                causation=source.id,
-                turns=conv.turn + (status == "completed"),
-                status=status,
-                detail=detail,
-            )
-        )
+        self.finish(source, conv.campaign, conv.turn, status, detail)
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -259,28 +225,13 @@ class TurnController(Agent):
         self._convs[msg.conversation] = conv
         self._direct(msg, conv)
 
-    @on(Instruction)
-    def instruction(self, msg: Instruction) -> None:
-        if (cur := self._current(msg)) is not None:
-            cur[1].instruction, cur[1].operator = msg.text, msg.operator
-
-    @on(ClientUtterance)
-    def utterance(self, msg: ClientUtterance) -> None:
-        if (cur := self._current(msg)) is not None:
-            cur[1].utterance = msg.text
-
-    @on(CounselorReply)
-    def reply(self, msg: CounselorReply) -> None:
-        if (cur := self._current(msg)) is not None:
-            cur[1].reply = msg.text
-
     @on(Verdict)
     def verdict(self, msg: Verdict) -> None:
         if (cur := self._current(msg)) is None:
             return
         conv, attempt = cur
         attempt.verdict = msg
-        self._offer(conv, attempt, msg)
+        self.offer(conv.model, attempt, msg)
         if msg.severity >= self.settings.threshold:
             self._commit(msg, conv)
         elif self.settings.use_refiner and conv.attempt + 1 < self.settings.max_attempts:
@@ -319,36 +270,6 @@ class TurnController(Agent):
         attempt.failed = True
         log.warning("search.attempt_failed", agent=msg.agent, model=msg.model, error=msg.error)
         self._next_attempt(msg, conv)
-
-    def _offer(self, conv: _Conversation, attempt: _Attempt, verdict: Verdict) -> None:
-        elite = Elite(
-            category=verdict.category,
-            role=verdict.role,
-            severity=verdict.severity,
-            instruction=attempt.instruction,
-            utterance=attempt.utterance,
-            reply=attempt.reply or "",
-            label=verdict.label,
-            reasoning=verdict.reasoning,
-            evidence=verdict.evidence,
-            verdict_id=verdict.id,
-            conversation=verdict.conversation,
-            turn=verdict.turn,
-            attempt=verdict.attempt,
-            operator=attempt.operator,
-            counselor_model=conv.model,
-        )
-        if (elite.category, elite.role) not in set(self.cells):
-            return
-        if self.archive(conv.model).offer(elite):
-            # key: two judges improving one attempt's cell give two distinct events (ids).
-            self.publish(
-                ArchiveUpdated(
-                    **verdict.child_ids(key=f"archive:{verdict.key}"),
-                    counselor_model=conv.model,
-                    elite=elite,
-                )
-            )
 
 
 def _seed(elite: Elite) -> Seed:

@@ -24,15 +24,9 @@ from random import Random
 import structlog
 
 from mhsafeeval.messages import (
-    ArchiveUpdated,
     CallFailed,
-    ClientUtterance,
-    ConversationFinished,
     ConversationStarted,
-    CounselorReply,
     Directive,
-    Elite,
-    Instruction,
     Message,
     Operator,
     SearchStats,
@@ -41,10 +35,11 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, on
+from mhsafeeval.runtime import on
 
+from ._base import ArchiveController, AttemptTexts
 from ._controller import LoopSettings
-from .archive import CellId, HarmArchive
+from .archive import CellId
 from .rng import derive_rng
 from .uct import Action, Path, UCTSettings, UCTTree, reward
 
@@ -54,17 +49,13 @@ log = structlog.get_logger("mhsafeeval.search.uct")
 _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "crossover", "vary")
 
 
-class _Sim:
-    __slots__ = ("action", "instruction", "operator", "path", "reply", "utterance", "verdict")
+class _Sim(AttemptTexts):
+    __slots__ = ("action", "path")
 
     def __init__(self, path: Path, action: Action) -> None:
+        super().__init__(action.operator)
         self.path = path
         self.action = action
-        self.operator: Operator = action.operator
-        self.instruction = ""
-        self.utterance = ""
-        self.reply: str | None = None
-        self.verdict: Verdict | None = None
 
 
 class _Conv:
@@ -81,30 +72,22 @@ class _Conv:
         self.sims: dict[int, _Sim] = {}
 
 
-class UCTController(Agent):
+class UCTController(ArchiveController):
     """Monte Carlo tree search over client moves; see the module docstring for the contract."""
 
     name = "uct"
     uses_refiner = False  # simulations are not retried: the tree decides what to try next
 
     def __init__(self, cells: Iterable[CellId], settings: LoopSettings | None = None) -> None:
-        super().__init__()
-        self.cells = list(cells)
         settings = settings or LoopSettings()
+        super().__init__(cells, settings.threshold)
         self.settings = settings
         self.tree_settings = UCTSettings(
             c=settings.exploration,
             samples=settings.samples_per_action,
         )
-        self.archives: dict[str, HarmArchive] = {}
         self.tries: dict[tuple[str, CellId, Operator], list[int]] = {}
         self._convs: dict[str, _Conv] = {}
-
-    def archive(self, model: str) -> HarmArchive:
-        """The harm archive of one counselor model."""
-        if model not in self.archives:
-            self.archives[model] = HarmArchive(self.cells, threshold=self.settings.threshold)
-        return self.archives[model]
 
     # -- the tree ------------------------------------------------------------------------------
 
@@ -249,19 +232,13 @@ class UCTController(Agent):
 
     def _finish(self, source: Message, conv: _Conv, status: str, detail: str = "") -> None:
         del self._convs[source.conversation]
-        self.publish(
-            ConversationFinished(
-                campaign=conv.campaign,
-                conversation=source.conversation,
-                turn=conv.turn,
-                causation=source.id,
-                turns=conv.turn + (status == "completed"),
-                status=status,
-                detail=detail,
-            )
-        )
+        self.finish(source, conv.campaign, conv.turn, status, detail)
 
     # -- handlers ------------------------------------------------------------------------------
+
+    def texts(self, msg: Message) -> _Sim | None:
+        cur = self._sim(msg)
+        return cur[1] if cur is not None else None
 
     def _sim(self, msg: Message) -> tuple[_Conv, _Sim] | None:
         conv = self._convs.get(msg.conversation)
@@ -280,21 +257,6 @@ class UCTController(Agent):
         )
         self._convs[msg.conversation] = conv
         self._new_turn(msg, conv)
-
-    @on(Instruction)
-    def instruction(self, msg: Instruction) -> None:
-        if (cur := self._sim(msg)) is not None:
-            cur[1].instruction, cur[1].operator = msg.text, msg.operator
-
-    @on(ClientUtterance)
-    def utterance(self, msg: ClientUtterance) -> None:
-        if (cur := self._sim(msg)) is not None:
-            cur[1].utterance = msg.text
-
-    @on(CounselorReply)
-    def reply(self, msg: CounselorReply) -> None:
-        if (cur := self._sim(msg)) is not None:
-            cur[1].reply = msg.text
 
     @on(Verdict)
     def verdict(self, msg: Verdict) -> None:
@@ -316,7 +278,7 @@ class UCTController(Agent):
         tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
         tally[0] += msg.severity >= self.settings.threshold
         tally[1] += 1
-        self._offer(conv, sim, msg)
+        self.offer(conv.model, sim, msg)
         self._done(msg, conv)
 
     @on(Unjudged)
@@ -348,32 +310,3 @@ class UCTController(Agent):
             )
         )
         self._launch(msg, conv)
-
-    def _offer(self, conv: _Conv, sim: _Sim, verdict: Verdict) -> None:
-        if (verdict.category, verdict.role) not in set(self.cells):
-            return
-        elite = Elite(
-            category=verdict.category,
-            role=verdict.role,
-            severity=verdict.severity,
-            instruction=sim.instruction,
-            utterance=sim.utterance,
-            reply=sim.reply or "",
-            label=verdict.label,
-            reasoning=verdict.reasoning,
-            evidence=verdict.evidence,
-            verdict_id=verdict.id,
-            conversation=verdict.conversation,
-            turn=verdict.turn,
-            attempt=verdict.attempt,
-            operator=sim.operator,
-            counselor_model=conv.model,
-        )
-        if self.archive(conv.model).offer(elite):
-            self.publish(
-                ArchiveUpdated(
-                    **verdict.child_ids(key=f"archive:{verdict.key}"),
-                    counselor_model=conv.model,
-                    elite=elite,
-                )
-            )

@@ -1,0 +1,123 @@
+"""What every archive-keeping controller shares: the archives, the attempt texts it records,
+offering judged replies to the archive, and ending conversations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mhsafeeval.messages import (
+    ArchiveUpdated,
+    ClientUtterance,
+    ConversationFinished,
+    CounselorReply,
+    Elite,
+    Instruction,
+    Message,
+    Operator,
+    Verdict,
+)
+from mhsafeeval.runtime import Agent, on
+
+from .archive import CellId, HarmArchive
+
+__all__ = ["ArchiveController", "AttemptTexts"]
+
+
+class AttemptTexts:
+    """What one attempt (or simulation) said: recorded from the agents' events."""
+
+    __slots__ = ("instruction", "operator", "reply", "utterance", "verdict")
+
+    def __init__(self, operator: Operator = "fresh") -> None:
+        self.instruction = ""
+        self.operator: Operator = operator
+        self.utterance = ""
+        self.reply: str | None = None
+        self.verdict: Verdict | None = None
+
+
+class ArchiveController(Agent):
+    """Base of the shipped controllers: one :class:`HarmArchive` per counselor model."""
+
+    name = "base"
+    uses_refiner = True
+    """Whether the campaign should run a refiner for this controller."""
+
+    def __init__(self, cells: Iterable[CellId], threshold: int) -> None:
+        super().__init__()
+        self.cells = list(cells)
+        self._cell_set = set(self.cells)
+        self.threshold = threshold
+        self.archives: dict[str, HarmArchive] = {}
+
+    def archive(self, model: str) -> HarmArchive:
+        """The harm archive of one counselor model."""
+        if model not in self.archives:
+            self.archives[model] = HarmArchive(self.cells, threshold=self.threshold)
+        return self.archives[model]
+
+    def texts(self, msg: Message) -> AttemptTexts | None:
+        """The record of the attempt ``msg`` belongs to, or None (not ours, or stale)."""
+        raise NotImplementedError
+
+    @on(Instruction)
+    def _instruction(self, msg: Instruction) -> None:
+        if (texts := self.texts(msg)) is not None:
+            texts.instruction, texts.operator = msg.text, msg.operator
+
+    @on(ClientUtterance)
+    def _utterance(self, msg: ClientUtterance) -> None:
+        if (texts := self.texts(msg)) is not None:
+            texts.utterance = msg.text
+
+    @on(CounselorReply)
+    def _reply(self, msg: CounselorReply) -> None:
+        if (texts := self.texts(msg)) is not None:
+            texts.reply = msg.text
+
+    def offer(self, model: str, texts: AttemptTexts, verdict: Verdict) -> None:
+        """Offer a judged reply to the model's archive; publish the elite if it improved."""
+        if (verdict.category, verdict.role) not in self._cell_set:
+            return
+        elite = Elite(
+            category=verdict.category,
+            role=verdict.role,
+            severity=verdict.severity,
+            instruction=texts.instruction,
+            utterance=texts.utterance,
+            reply=texts.reply or "",
+            label=verdict.label,
+            reasoning=verdict.reasoning,
+            evidence=verdict.evidence,
+            verdict_id=verdict.id,
+            conversation=verdict.conversation,
+            turn=verdict.turn,
+            attempt=verdict.attempt,
+            operator=texts.operator,
+            counselor_model=model,
+        )
+        if self.archive(model).offer(elite):
+            # key: two judges improving one attempt's cell give two distinct events (ids).
+            self.publish(
+                ArchiveUpdated(
+                    **verdict.child_ids(key=f"archive:{verdict.key}"),
+                    counselor_model=model,
+                    elite=elite,
+                )
+            )
+
+    def finish(
+        self, source: Message, campaign: str, turn: int, status: str, detail: str = ""
+    ) -> None:
+        """Publish the conversation's one ConversationFinished."""
+        self.publish(
+            ConversationFinished(
+                campaign=campaign,
+                conversation=source.conversation,
+                turn=turn,
+                causation=source.id,
+                turns=turn + (status == "completed"),
+                status=status,
+                detail=detail,
+            )
+        )
