@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +156,96 @@ def test_profiles_and_taxonomy_commands(tmp_path: Path, capsys: pytest.CaptureFi
     tax.write_text('name = "t"\nversion = "1"\ndescription = "d"\n[categories]\n')
     assert main(["taxonomy", str(tax)]) == 2
     assert str(tax) in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_cleanly_with_exit_130_and_keeps_what_was_stored(tmp_path: Path) -> None:
+    import signal
+
+    config = tmp_path / "long.toml"
+    config.write_text(
+        (ROOT / "examples" / "campaign.toml")
+        .read_text()
+        .replace("max_turns = 4", "max_turns = 100000")
+    )
+    db = tmp_path / "long.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mhsafeeval.cli", "run", str(config), "--db", str(db)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # wait until turns are being committed, then interrupt
+        if line.lstrip().startswith("turn"):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    events = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mhsafeeval.cli",
+            "events",
+            str(db),
+            "--type",
+            "campaign.finished",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    [finished] = [json.loads(line) for line in events.stdout.splitlines()]
+    assert finished["status"] == "interrupted"
+    report = subprocess.run(
+        [sys.executable, "-m", "mhsafeeval.cli", "report", str(db), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(report.stdout)["scripted-demo"]["models"]["demo-counselor"]["turns"] >= 1
+
+
+def test_api_keys_never_reach_the_database_logs_or_reports(tmp_path: Path) -> None:
+    key = "sk-planted-0123456789abcdefXYZ"
+    config = tmp_path / "keyed.toml"
+    config.write_text(
+        (ROOT / "examples" / "campaign.toml").read_text()
+        + '\n[counselors.hosted]\nprovider = "litellm/openai/gpt-4o-mini"\n'
+        'api_key_env = "MHS_PLANTED_KEY"\noptions = { mock_response = "I hear you." }\n'
+    )
+    db = tmp_path / "keyed.db"
+    env = {**os.environ, "MHS_PLANTED_KEY": key, "LITELLM_LOG": "DEBUG"}
+    outputs = []
+    for args in (
+        ["--log-level", "debug", "--log-json", "run", str(config), "--db", str(db)],
+        ["report", str(db)],
+        ["report", str(db), "--json"],
+        ["events", str(db), "--json"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "mhsafeeval.cli", *args], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs += [done.stdout, done.stderr]
+    assert "hosted" in outputs[2]  # the keyed counselor really ran
+    for text in outputs:
+        assert key not in text
+    for path in tmp_path.iterdir():
+        assert key.encode() not in path.read_bytes(), path
+
+
+def test_estimate_prints_calls_per_role_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "never.db"
+    config = str(ROOT / "examples" / "campaign.toml")
+    assert main(["run", config, "--db", str(db), "--estimate"]) == 0
+    out = capsys.readouterr().out
+    # 3 conversations x 4 turns, 1 to 3 attempts per turn: 12 to 36 counselor calls.
+    assert re.search(r"counselor\s+scripted/demo-counselor\s+12\s+36", out)
+    assert re.search(r"refiner\s+scripted/demo-refiner\s+0\s+72", out)
+    assert main(["run", config, "--db", str(db), "--estimate", "--controller", "uct"]) == 0
+    assert re.search(r"counselor\s+scripted/demo-counselor\s+240\s+240", capsys.readouterr().out)
+    assert not db.exists()

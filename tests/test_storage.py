@@ -470,3 +470,16 @@ async def test_the_sqlite_store_says_it_needs_asyncio(tmp_path: Path) -> None:
 def no_leaked_worker_threads() -> Iterator[None]:
     yield
     assert_threads_end(worker_threads())
+
+
+@pytest.mark.anyio
+async def test_a_second_writer_is_refused_and_the_lock_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "events.db"
+    async with SqliteEventStore(path):
+        with pytest.raises(InputError, match=r"another process \(pid \d+\) is running a campaign"):
+            async with SqliteEventStore(path):
+                pass
+        async with SqliteEventStore(path, read_only=True) as reader:  # readers are welcome
+            assert await reader.list_campaigns() == []
+    async with SqliteEventStore(path):  # released on close
+        pass

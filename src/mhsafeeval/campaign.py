@@ -53,7 +53,14 @@ from mhsafeeval.search import CONTROLLERS, LoopSettings
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy
 
-__all__ = ["CampaignResult", "ConversationSpec", "build_plan", "preflight", "run_campaign"]
+__all__ = [
+    "CampaignResult",
+    "ConversationSpec",
+    "build_plan",
+    "estimate_calls",
+    "preflight",
+    "run_campaign",
+]
 
 log = structlog.get_logger("mhsafeeval.campaign")
 
@@ -131,6 +138,32 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
         for index in range(c.conversations_per_profile)
     )
     return _Plan(taxonomy, specs)
+
+
+def estimate_calls(config: Config, source: str | Path = "<config>") -> dict[str, tuple[int, int]]:
+    """Model calls per agent role a campaign will make: (fewest, most), before any call.
+
+    The fewest: every turn succeeds at once and every answer is valid the first time. The
+    most: every attempt is used, every failing attempt is refined, and the judge re-asks to its
+    limit. Failed calls that are retried inside a provider are not counted (they are retries).
+    """
+    plan = build_plan(config, source)
+    c = config.campaign
+    turns = len(plan.conversations) * (1 if config.ablation.single_turn else c.max_turns)
+    factory = CONTROLLERS.get(c.controller)
+    if getattr(factory, "uses_refiner", True):
+        low_attempts, high_attempts = turns, turns * c.max_attempts
+        refined = turns * (c.max_attempts - 1)
+    else:  # tree search: a fixed number of simulations per turn, no refiner
+        low_attempts = high_attempts = turns * config.search.simulations
+        refined = 0
+    return {
+        "mutator": (low_attempts, high_attempts * 3),
+        "client": (low_attempts, high_attempts * 2),
+        "counselor": (low_attempts, high_attempts),
+        "judge": (low_attempts, high_attempts * c.judge_max_asks),
+        "refiner": (0, refined * 3),
+    }
 
 
 def preflight(config: Config, source: str | Path = "<config>") -> list[InputError]:
@@ -363,6 +396,17 @@ async def run_campaign(
                 )
             )
             await rt.run_until_idle()
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):  # Ctrl-C or a crash: say so in the record
+            await store.append(
+                CampaignFinished(
+                    campaign=c.name,
+                    key="finish",
+                    status="interrupted" if not isinstance(exc, Exception) else "failed",
+                    detail=f"{type(exc).__name__}: {exc}"[:500],
+                )
+            )
+        raise
     finally:
         with anyio.CancelScope(shield=True):
             for model in clients.values():

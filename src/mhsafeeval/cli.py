@@ -12,6 +12,7 @@ import anyio
 import msgspec
 
 from mhsafeeval import __version__
+from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
 
 __all__ = ["main"]
@@ -48,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--controller", help="search controller (overrides campaign.controller)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print the model calls each role will make; run nothing",
+    )
 
     report = sub.add_parser("report", help="print a stored campaign's results")
     report.add_argument("db", type=Path, help="the campaign database")
@@ -191,6 +197,8 @@ async def _run(args: argparse.Namespace) -> int:
             config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
         )
     build_plan(config, source)  # every input error is raised here, before anything is written
+    if args.estimate:
+        return _print_estimate(config, source)
     problems = preflight(config, source)
     if problems:
         raise problems[0]
@@ -210,6 +218,26 @@ async def _run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0 if result.failed == 0 else 1
+
+
+def _print_estimate(config: Config, source: Path) -> int:
+    from mhsafeeval.campaign import build_plan, estimate_calls
+
+    plan = build_plan(config, source)
+    c = config.campaign
+    print(
+        f"campaign {c.name!r}: {len(plan.conversations)} conversation(s) x {c.max_turns} turn(s), "
+        f"controller {c.controller}"
+    )
+    print(f"{'role':<10} {'model':<40} {'fewest calls':>13} {'most calls':>11}")
+    for role, (low, high) in estimate_calls(config, source).items():
+        if role == "counselor":
+            model = ", ".join(m.provider for m in config.counselors.values())
+        else:
+            model = config.model_for(role).provider
+        print(f"{role:<10} {model[:40]:<40} {low:>13} {high:>11}")
+    print("(structured answers count their re-asks; provider retries are not counted)")
+    return 0
 
 
 async def _refuse_a_stored_campaign(db: Path, name: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import importlib.metadata
 import os
 import sqlite3
@@ -95,6 +96,7 @@ class SqliteEventStore:
             raise ValueError("batch_size, max_pending and page_size must be positive")
         self.path = Path(path)
         self.read_only = read_only
+        self._file_lock: int | None = None
         self._batch_size = batch_size
         self._flush_interval = flush_interval
         self._max_pending = max(max_pending, batch_size)
@@ -146,6 +148,7 @@ class SqliteEventStore:
         self._state = "open"
         try:
             if not self.read_only:
+                self._file_lock = _lock_for_writing(self.path)
                 self._writer = await _connect(self.path, create=True)
                 await _check_schema(self._writer, self.path, create=True)
             elif not self.path.is_file():
@@ -156,6 +159,8 @@ class SqliteEventStore:
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self._close_connections()
+            _unlock(self._file_lock)
+            self._file_lock = None
             self._state = "closed"
             if isinstance(exc, sqlite3.DatabaseError):
                 raise InputError(self.path, None, _reason(exc)) from exc
@@ -187,6 +192,8 @@ class SqliteEventStore:
                         await self._write_batch()
                 finally:
                     await self._close_connections()
+                    _unlock(self._file_lock)
+                    self._file_lock = None
         if not self._reported:
             self._raise_failure()
 
@@ -426,6 +433,36 @@ def _version() -> str:
         return importlib.metadata.version("mhsafeeval")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _lock_for_writing(path: Path) -> int:
+    """One writing process per event store: an exclusive lock on ``<db>.lock``.
+
+    Raises:
+        InputError: another process (its pid is in the message) is writing to it.
+    """
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise InputError(
+            path,
+            None,
+            f"another process (pid {holder}) is running a campaign on this database; "
+            "wait for it to finish or use another --db",
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 async def _connect(path: Path, *, create: bool) -> aiosqlite.Connection:
