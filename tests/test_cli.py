@@ -249,3 +249,32 @@ def test_estimate_prints_calls_per_role_and_writes_nothing(
     assert main(["run", config, "--db", str(db), "--estimate", "--controller", "uct"]) == 0
     assert re.search(r"counselor\s+scripted/demo-counselor\s+240\s+240", capsys.readouterr().out)
     assert not db.exists()
+
+
+def test_export_command_writes_owner_only_files(tmp_path: Path) -> None:
+    import csv
+    import stat
+
+    db = tmp_path / "demo.db"
+    cli = [sys.executable, "-m", "mhsafeeval.cli"]
+    subprocess.run(
+        [*cli, "run", str(ROOT / "examples" / "campaign.toml"), "--db", str(db), "--quiet"],
+        capture_output=True,
+        check=True,
+    )
+    out = tmp_path / "attempts.csv"
+    subprocess.run([*cli, "export", str(db), "--format", "csv", "--out", str(out)], check=True)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    with out.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    lines = subprocess.run(
+        [*cli, "export", str(db)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert len(rows) == len(lines) > 0
+    assert {r["outcome"] for r in rows} <= {"verdict", "unjudged", "failed", "incomplete"}
+    archive = json.loads(
+        subprocess.run(
+            [*cli, "export", str(db), "--archive"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert set(archive) == {"demo-counselor"}

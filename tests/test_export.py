@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import json
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from itertools import count
 from typing import Any, TypeVar
@@ -36,7 +37,7 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime.providers import CallParams, ChatMessage, PermanentProviderError
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import demo_counselor, register_script
-from mhsafeeval.testing._demo import demo_judge
+from mhsafeeval.testing._demo import SAFE_REPLY, demo_judge
 
 pytestmark = pytest.mark.anyio
 
@@ -50,12 +51,13 @@ def _unit(text: str) -> float:
 
 
 def awkward_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
-    """The demo counselor, but some safe replies fail or span lines with commas and quotes."""
+    """The demo counselor, except that some calls fail and some safe replies span two lines
+    with a comma and quotes (CSV has to quote them)."""
     reply = demo_counselor(messages, params, slip_rates=SLIPS)
     roll = _unit("\n".join(m.content for m in messages) + f"#{params.seed}#export")
     if roll < 0.15:
         raise PermanentProviderError("400 blocked by a content filter", status=400)
-    return MULTILINE if roll < 0.6 and "you" not in reply.lower()[:3] else reply
+    return MULTILINE if reply == SAFE_REPLY and roll < 0.6 else reply
 
 
 def moody_judge(messages: Sequence[ChatMessage], params: CallParams) -> str:
@@ -173,14 +175,17 @@ async def test_records_agree_with_the_events() -> None:
         assert mine[0].attempt == c.committed_attempt
         assert mine[0].reply == c.counselor_text
 
-    spenders: list[tuple[type[Message], str]] = [
-        (Instruction, "mutator_tokens"),
-        (ClientUtterance, "client_tokens"),
-        (CounselorReply, "counselor_tokens"),
-        (Verdict, "judge_tokens"),
+    spenders: list[tuple[tuple[type[Message], ...], str]] = [
+        ((Instruction,), "mutator_tokens"),
+        ((ClientUtterance,), "client_tokens"),
+        ((CounselorReply,), "counselor_tokens"),
+        ((Verdict, Unjudged), "judge_tokens"),
     ]
-    for kind, field in spenders:
-        spent = {coords(e): tokens(getattr(e, "usage", None)) for e in of(events, kind)}
+    for kinds, field in spenders:
+        spent: dict[tuple[str, int, int, str], int] = defaultdict(int)
+        for e in events:
+            if isinstance(e, kinds):
+                spent[coords(e)] += tokens(getattr(e, "usage", None))
         assert all(getattr(r, field) == spent.get(k, 0) for k, r in by_key.items())
         assert sum(spent.values()) > 0
     replies = {coords(r): r for r in of(events, CounselorReply)}

@@ -60,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
     report.add_argument("--json", action="store_true", help="machine-readable JSON")
 
+    export = sub.add_parser("export", help="one record per attempt (jsonl or csv), or the archive")
+    export.add_argument("db", type=Path, help="the campaign database")
+    export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    export.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
+    export.add_argument("--archive", action="store_true", help="the harm archive as JSON instead")
+    export.add_argument(
+        "--out", type=Path, help="write here (created owner-only) instead of stdout"
+    )
+
     profiles = sub.add_parser("profiles", help="list and validate client profiles")
     profiles.add_argument(
         "path", nargs="?", type=Path, help="a profile file or folder (default: built-in)"
@@ -110,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_run, args)
         if args.command == "report":
             return anyio.run(_report, args)
+        if args.command == "export":
+            return anyio.run(_export, args)
         if args.command == "profiles":
             return _profiles(args.path)
         if args.command == "taxonomy":
@@ -302,6 +313,37 @@ async def _report(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(render_text(r) for r in reports))
     return 0
+
+
+async def _export(args: argparse.Namespace) -> int:
+    import io
+
+    from mhsafeeval.export import archive_json, export
+    from mhsafeeval.storage import SqliteEventStore
+
+    buffer = io.StringIO(newline="")
+    async with SqliteEventStore(args.db, read_only=True) as store:
+        if args.archive:
+            data = await archive_json(store, args.campaign, source=args.db)
+            buffer.write(msgspec.json.encode(data).decode() + "\n")
+            count = sum(len(cells) for cells in data.values())
+        else:
+            count = await export(store, args.campaign, args.format, buffer, source=args.db)
+    if args.out is None:
+        sys.stdout.write(buffer.getvalue())
+    else:
+        _write_private(args.out, buffer.getvalue())
+        print(f"mhsafeeval: wrote {count} record(s) to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Transcripts are sensitive: the file is readable by its owner only, like the database."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8", newline="") as out:
+        out.write(text)
 
 
 async def _events(args: argparse.Namespace) -> int:

@@ -51,16 +51,9 @@ Outcome = Literal["verdict", "unjudged", "failed", "incomplete"]
 """How an attempt ended: judged, judged without a valid verdict, a model call failed, or none of
 these yet (an interrupted campaign)."""
 
-LIST_SEPARATOR = " | "
-_ATTEMPT_EVENTS = (
-    Directive,
-    Instruction,
-    ClientUtterance,
-    CounselorReply,
-    Verdict,
-    Unjudged,
-    CallFailed,
-)
+_LIST_SEPARATOR = " | "
+_OUTCOME_EVENTS = (Verdict, Unjudged, CallFailed)
+_ATTEMPT_EVENTS = (Directive, Instruction, ClientUtterance, CounselorReply, *_OUTCOME_EVENTS)
 
 
 class AttemptRecord(msgspec.Struct, kw_only=True):
@@ -72,21 +65,16 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     search controllers), while ``judge_tokens`` sums every judge call of the attempt.
 
     Attributes:
-        campaign, counselor_model, profile_id: Where the attempt ran.
-        conversation, turn, attempt, branch: The attempt's coordinates.
-        controller, category, role, operator: The search controller's choice (target cell and
-            mutation operator; ``operator`` is the one the mutator actually used).
-        instruction, utterance, reply, finish_reason: The attempt's texts.
+        controller, category, role, operator: The search controller's choice (``operator`` is
+            the one the mutator actually used).
         outcome: See :data:`Outcome`.
         severity, success, label, reasoning, evidence, refused, understood: The verdict;
             ``success`` is ``severity >= threshold`` (the campaign's, default 2).
         judge: The judge that gave the verdict (or the unjudged answer).
-        unjudged_reason: Why no valid verdict could be had.
         failed_agent, failed_error: The first model call of the attempt that finally failed.
         committed: This attempt became the conversation's turn.
         client_tokens, counselor_tokens, judge_tokens, mutator_tokens: Prompt plus completion
-            tokens spent by each role on this attempt.
-        counselor_latency_s: Time the counselor call took.
+            tokens each role spent on this attempt.
         started_at, recorded_at: Unix times of the attempt's first and last stored event.
     """
 
@@ -272,7 +260,7 @@ def _csv_value(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, list):
-        return LIST_SEPARATOR.join(str(v) for v in value)
+        return _LIST_SEPARATOR.join(str(v) for v in value)
     return value
 
 
