@@ -278,3 +278,33 @@ def test_export_command_writes_owner_only_files(tmp_path: Path) -> None:
         ).stdout
     )
     assert set(archive) == {"demo-counselor"}
+
+
+def test_a_failing_counselor_is_named_and_the_exit_code_is_1(tmp_path: Path) -> None:
+    config = tmp_path / "down.toml"
+    config.write_text(
+        (ROOT / "examples" / "campaign.toml").read_text()
+        + '\n[counselors.down]\nprovider = "litellm/openai/gpt-4o-mini"\n'
+        'api_key_env = "MHS_DOWN_KEY"\nmax_attempts = 1\nbreaker_threshold = 2\n'
+        'options = { mock_response = "litellm.InternalServerError" }\n'
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mhsafeeval.cli",
+            "run",
+            str(config),
+            "--db",
+            str(tmp_path / "d.db"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MHS_DOWN_KEY": "sk-test-down-000000"},
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "3/3 conversations" not in done.stderr
+    named = [line for line in done.stderr.splitlines() if "did not complete" in line]
+    assert len(named) == 3 and all("/down/" in line for line in named)
+    assert "counselor (litellm/openai/gpt-4o-mini)" in named[0]
+    assert "/demo-counselor/" not in "\n".join(named)  # the other model's conversations went on

@@ -231,3 +231,36 @@ def test_register_a_provider_and_list_it() -> None:
         provider("unit-test-echo")(lambda m, s: make(m, s))
     with pytest.raises(ValueError, match="without '/'"):
         provider("a/b")
+
+
+@pytest.mark.parametrize("anyio_backend", [("trio", {"clock": MockClock(autojump_threshold=0)})])
+async def test_a_model_that_keeps_failing_is_paused_then_tried_again() -> None:
+    calls = 0
+    healthy = False
+
+    async def flaky(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        nonlocal calls
+        calls += 1
+        if not healthy:
+            raise PermanentProviderError("500 broken", status=500)
+        return "back"
+
+    register_script("breaker", flaky)
+    model = open_model(settings("breaker", breaker_threshold=3, breaker_cooldown=60))
+    for _ in range(3):
+        with pytest.raises(ModelCallError, match="500 broken"):
+            await model.complete(HELLO)
+    with pytest.raises(ModelCallError, match="paused: the last 3 calls failed") as info:
+        await model.complete(HELLO)
+    assert calls == 3  # the paused call never reached the provider
+    assert info.value.retryable
+    await anyio.sleep(61)
+    healthy = True
+    assert (await model.complete(HELLO)).text == "back"  # half-open: one call let through
+    assert (await model.complete(HELLO)).text == "back"
+    assert calls == 5
+
+
+def test_breaker_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="breaker_threshold"):
+        ModelSettings(provider="scripted/echo", breaker_threshold=-1)

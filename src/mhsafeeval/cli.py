@@ -221,6 +221,12 @@ async def _run(args: argparse.Namespace) -> int:
             config, store, source=source, config_text=text, observers=observers
         )
         reports = await load_report(store, config.campaign.name)
+        await store.flush()
+        failed = [
+            e.message
+            async for e in store.events(config.campaign.name, types=["conversation.finished"])
+            if e.message is not None and getattr(e.message, "status", "") != "completed"
+        ]
     for report in reports:
         print(render_text(report))
     print(
@@ -228,6 +234,12 @@ async def _run(args: argparse.Namespace) -> int:
         f"({result.failed} failed), {result.events_written} events written to {db}",
         file=sys.stderr,
     )
+    for finished in failed:
+        print(
+            f"mhsafeeval: did not complete: {finished.conversation}: "
+            f"{getattr(finished, 'detail', '')}",
+            file=sys.stderr,
+        )
     return 0 if result.failed == 0 else 1
 
 

@@ -63,13 +63,14 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Attempt(AttemptTexts):
-    __slots__ = ("category", "failed", "role")
+    __slots__ = ("category", "error", "failed", "role")
 
     def __init__(self, category: str, role: str) -> None:
         super().__init__()
         self.category = category
         self.role = role
         self.failed = False
+        self.error = ""
 
 
 class _Conversation:
@@ -188,7 +189,11 @@ class TurnController(ArchiveController):
         elif answered:
             chosen = answered[-1]
         else:
-            self._finish(source, conv, "failed", "no attempt of the turn got a counselor reply")
+            errors = [a.error for _, a in attempts if a.error]
+            detail = "no attempt of the turn got a counselor reply"
+            self._finish(
+                source, conv, "failed", f"{detail}; last error: {errors[-1]}" if errors else detail
+            )
             return
         number, attempt = chosen
         best = max((a.verdict.severity for _, a in judged if a.verdict), default=None)
@@ -268,6 +273,7 @@ class TurnController(ArchiveController):
                 self._next_attempt(msg, conv)  # go on without notes
             return
         attempt.failed = True
+        attempt.error = f"{msg.agent} ({msg.model}): {msg.error}"
         log.warning("search.attempt_failed", agent=msg.agent, model=msg.model, error=msg.error)
         self._next_attempt(msg, conv)
 

@@ -77,6 +77,8 @@ class ResilientClient:
         self._sleep: Sleep = sleep or anyio.sleep
         self._rng = rng or random.Random()
         self._closed = False
+        self._consecutive_failures = 0
+        self._open_until: float | None = None
 
     def _defaults(self, params: CallParams | None) -> CallParams:
         s = self.settings
@@ -142,6 +144,7 @@ class ResilientClient:
         """
         if self._closed:
             raise ModelCallError(self.name, 0, "client is closed", retryable=False)
+        self._check_breaker()
         call_params = self._defaults(params)
         self.stats.calls += 1
         retrying = AsyncRetrying(
@@ -160,17 +163,50 @@ class ResilientClient:
                     done = await self._attempt(messages, call_params)
         except TransientProviderError as exc:
             self.stats.failures += 1
+            self._failed()
             raise ModelCallError(
                 self.name, attempts, str(exc), retryable=True, status=exc.status
             ) from exc
         except PermanentProviderError as exc:
             self.stats.failures += 1
+            self._failed()
             raise ModelCallError(
                 self.name, attempts, str(exc), retryable=False, status=exc.status
             ) from exc
+        self._consecutive_failures = 0
+        self._open_until = None
         self.stats.prompt_tokens += done.prompt_tokens
         self.stats.completion_tokens += done.completion_tokens
         return msgspec.structs.replace(done, attempts=attempts)
+
+    # -- the circuit breaker --------------------------------------------------------------------
+
+    def _failed(self) -> None:
+        self._consecutive_failures += 1
+        threshold = self.settings.breaker_threshold
+        if threshold and self._consecutive_failures >= threshold:
+            if self._open_until is None or anyio.current_time() >= self._open_until:
+                log.error(
+                    "provider.circuit_open",
+                    model=self.name,
+                    failures=self._consecutive_failures,
+                    paused_s=self.settings.breaker_cooldown,
+                )
+            self._open_until = anyio.current_time() + self.settings.breaker_cooldown
+
+    def _check_breaker(self) -> None:
+        """After ``breaker_threshold`` calls in a row failed for good, calls fail at once for
+        ``breaker_cooldown`` seconds (the model is paused, other models go on); then one call
+        is let through, and a success closes the breaker."""
+        if self._open_until is not None and anyio.current_time() < self._open_until:
+            self.stats.failures += 1
+            raise ModelCallError(
+                self.name,
+                0,
+                f"paused: the last {self._consecutive_failures} calls failed; retrying after "
+                f"{self._open_until - anyio.current_time():.0f} s",
+                retryable=True,
+            )
 
     async def aclose(self) -> None:
         """Close the provider's client. Idempotent."""

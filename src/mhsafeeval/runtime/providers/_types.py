@@ -80,6 +80,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     max_retry_after: float = 300.0
+    breaker_threshold: int = 5
+    breaker_cooldown: float = 60.0
     options: dict[str, Any] = {}
 
     def __post_init__(self) -> None:
@@ -90,6 +92,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             (self.backoff_initial >= 0, "backoff_initial", "must be >= 0"),
             (self.backoff_max >= self.backoff_initial, "backoff_max", "must be >= backoff_initial"),
             (self.max_retry_after >= 0, "max_retry_after", "must be >= 0"),
+            (self.breaker_threshold >= 0, "breaker_threshold", "must be >= 0 (0: never pause)"),
+            (self.breaker_cooldown >= 0, "breaker_cooldown", "must be >= 0"),
             (
                 "/" in self.provider,
                 "provider",
