@@ -169,14 +169,24 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_keeps_what_was_stored(tmp_path: 
     )
     db = tmp_path / "long.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mhsafeeval.cli", "run", str(config), "--db", str(db)],
+        [
+            sys.executable,
+            "-m",
+            "mhsafeeval.cli",
+            "run",
+            str(config),
+            "--db",
+            str(db),
+            "--progress-every",
+            "0",
+        ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
     )
     assert proc.stderr is not None
     for line in proc.stderr:  # wait until turns are being committed, then interrupt
-        if line.lstrip().startswith("turn"):
+        if line.startswith("progress:") and " turns 0/" not in line:
             break
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

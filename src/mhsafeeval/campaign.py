@@ -310,6 +310,10 @@ async def run_campaign(
         for role in ("client", "mutator", "judge", "refiner")
     }
     counselors = {name: client_for(name, m) for name, m in config.counselors.items()}
+    for observer in observers:  # a progress display reads retry counts from the clients
+        attach = getattr(observer, "attach_clients", None)
+        if attach is not None:
+            attach(clients.values())
     make_judge = JUDGES.get(c.judge)
     make_controller = CONTROLLERS.get(c.controller)
     system_prompt = c.counselor_system_prompt or DEFAULT_COUNSELOR_PROMPT
