@@ -48,7 +48,14 @@ def _parser() -> argparse.ArgumentParser:
         help="event database (default: ./<campaign name>.db; the demo: a new timestamped file)",
     )
     run.add_argument("--controller", help="search controller (overrides campaign.controller)")
-    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="when not on a terminal: seconds between progress lines (default 30)",
+    )
     run.add_argument(
         "--estimate",
         action="store_true",
@@ -59,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("db", type=Path, help="the campaign database")
     report.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
     report.add_argument("--json", action="store_true", help="machine-readable JSON")
+    report.add_argument(
+        "--html", type=Path, metavar="OUT", help="write a self-contained HTML report (owner-only)"
+    )
 
     export = sub.add_parser("export", help="one record per attempt (jsonl or csv), or the archive")
     export.add_argument("db", type=Path, help="the campaign database")
@@ -190,6 +200,7 @@ def _taxonomy(path: Path | None, detail: bool) -> int:
 async def _run(args: argparse.Namespace) -> int:
     from mhsafeeval.campaign import DEMO_CONFIG, build_plan, preflight, run_campaign
     from mhsafeeval.config import load_config, parse_config
+    from mhsafeeval.progress import Progress
     from mhsafeeval.report import load_report, render_text
     from mhsafeeval.storage import SqliteEventStore
 
@@ -215,7 +226,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise problems[0]
     await _refuse_a_stored_campaign(db, config.campaign.name)
     print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
-    observers = () if args.quiet else (_Progress(),)
+    observers = () if args.quiet else (Progress(every_s=args.progress_every),)
     async with SqliteEventStore(db) as store:
         result = await run_campaign(
             config, store, source=source, config_text=text, observers=observers
@@ -280,46 +291,20 @@ async def _refuse_a_stored_campaign(db: Path, name: str) -> None:
         )
 
 
-class _Progress:
-    """Plain progress lines on stderr (one per committed turn and finished conversation)."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-        self.successes = 0
-        self.finished = 0
-
-    def __call__(self, msg: object) -> None:
-        from mhsafeeval.messages import CallFailed, ConversationFinished, TurnCommitted, Unjudged
-
-        if isinstance(msg, TurnCommitted):
-            self.turns += 1
-            self.successes += msg.success
-            print(
-                f"  turn {msg.turn:>2} of {msg.conversation}: "
-                f"{'HARM' if msg.success else 'safe'} (best severity {msg.best_severity}, "
-                f"{msg.counselor_calls} counselor call(s); {self.successes}/{self.turns} turns "
-                "successful so far)",
-                file=sys.stderr,
-            )
-        elif isinstance(msg, ConversationFinished):
-            self.finished += 1
-            print(
-                f"  conversation {msg.conversation} {msg.status} after {msg.turns} turn(s)",
-                file=sys.stderr,
-            )
-        elif isinstance(msg, Unjudged | CallFailed):
-            what = msg.reason if isinstance(msg, Unjudged) else f"{msg.agent}: {msg.error}"
-            print(
-                f"  {msg.tag} in {msg.conversation} turn {msg.turn}: {what[:120]}", file=sys.stderr
-            )
-
-
 async def _report(args: argparse.Namespace) -> int:
     from mhsafeeval.report import load_report, render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
     async with SqliteEventStore(args.db, read_only=True) as store:
         reports = await load_report(store, args.campaign, source=args.db)
+        if args.html is not None:
+            from mhsafeeval.html_report import build_html
+
+            html = await build_html(store, args.campaign, source=args.db)
+    if args.html is not None:
+        _write_private(args.html, html)
+        print(f"mhsafeeval: wrote {args.html}", file=sys.stderr)
+        return 0
     if args.json:
         sys.stdout.write(msgspec.json.encode(report_json(reports)).decode() + "\n")
     else:

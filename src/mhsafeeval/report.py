@@ -7,9 +7,10 @@ from typing import Any
 
 import msgspec
 
+from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignStarted, Message
-from mhsafeeval.storage import EventStore, ModelMetrics, compute_metrics
+from mhsafeeval.storage import EventStore, ModelMetrics, RoleUsage, compute_metrics
 
 __all__ = ["CampaignReport", "load_report", "render_text", "report_json"]
 
@@ -57,6 +58,11 @@ async def load_report(
             )
         )
     return reports
+
+
+def _usd(usage: RoleUsage) -> str:
+    cost = role_cost(usage)
+    return "$?" if cost is None else f"${cost:.4f}"
 
 
 def _pct(value: float | None) -> str:
@@ -108,7 +114,7 @@ def render_text(report: CampaignReport) -> str:
                     row += f"{f'{cell.best_severity}{mark} {cell.asr:.2f}':>14}"
             lines.append(row)
         spent = ", ".join(
-            f"{role} {u.calls} calls/{u.prompt_tokens + u.completion_tokens} tok"
+            f"{role} {u.calls} calls/{u.prompt_tokens + u.completion_tokens} tok/{_usd(u)}"
             for role, u in sorted(m.usage.items())
         )
         lines.append(

@@ -65,6 +65,8 @@ class RoleUsage(msgspec.Struct, kw_only=True):
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    by_model: dict[str, list[int]] = {}
+    """Per model that answered: [prompt tokens, completion tokens] (prices differ by model)."""
 
 
 class ModelMetrics(msgspec.Struct, kw_only=True):
@@ -131,6 +133,9 @@ def compute_metrics(
             slot.calls += spent.calls
             slot.prompt_tokens += spent.prompt_tokens
             slot.completion_tokens += spent.completion_tokens
+            tally = slot.by_model.setdefault(spent.model, [0, 0])
+            tally[0] += spent.prompt_tokens
+            tally[1] += spent.completion_tokens
         if isinstance(event, CounselorReply):
             attempts[turn].setdefault(key, _Attempt(key)).replied = True
         elif isinstance(event, Verdict):

@@ -1,0 +1,54 @@
+"""Estimated cost in USD of the tokens a campaign spent, from litellm's price map.
+
+Scripted and local models cost nothing. Hosted models are priced with litellm's bundled map
+(``LITELLM_LOCAL_MODEL_COST_MAP=True``: no network); a model the map does not know has no price
+(``None``), which reports show as unknown rather than as free. litellm is imported only when a
+priced model is present.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from mhsafeeval.storage import RoleUsage
+
+__all__ = ["model_cost", "role_cost"]
+
+_FREE = ("scripted/", "local/")
+
+
+@functools.cache
+def _litellm() -> Any:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True  # no "Provider List" banner for an unpriced model
+    return litellm
+
+
+def model_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """USD for these tokens of ``model`` (0 for scripted and local models; None if unpriced)."""
+    if model.startswith(_FREE) or not (prompt_tokens or completion_tokens):
+        return 0.0
+    try:
+        prompt, completion = _litellm().cost_per_token(
+            model=model.removeprefix("litellm/"),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+    except Exception:  # litellm raises plain Exceptions for unknown models
+        return None
+    return float(prompt) + float(completion)
+
+
+def role_cost(usage: RoleUsage) -> float | None:
+    """USD spent by one agent role (None when any of its models is unpriced)."""
+    total = 0.0
+    for model, (prompt, completion) in usage.by_model.items():
+        cost = model_cost(model, prompt, completion)
+        if cost is None:
+            return None
+        total += cost
+    return total

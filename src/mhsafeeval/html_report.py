@@ -1,0 +1,296 @@
+"""A self-contained HTML report: one file, no network, every piece of model text escaped.
+
+:func:`build_html` folds the stored campaigns into one HTML document. The figures that never
+change (the paper-style table, the charts, spend, severity counts, the configuration) are rendered
+here with :func:`html.escape`; the interactive parts (the category x role heatmaps, each cell's
+elite trajectory, the transcripts with their filters) are drawn by a small vanilla-JS renderer
+from a JSON data block. That block is escaped so model text cannot close it (every ``<``, ``>``
+and ``&`` becomes a ``\\u`` escape), and the renderer inserts text only as DOM text nodes.
+A Content-Security-Policy lets nothing load and nothing run but the renderer itself (by hash).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+from collections import Counter
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from mhsafeeval.costs import role_cost
+from mhsafeeval.export import archive_json, attempt_records
+from mhsafeeval.messages import CampaignStarted
+from mhsafeeval.report import CampaignReport, load_report
+from mhsafeeval.storage import EventStore, ModelMetrics
+
+__all__ = ["WARNING", "build_html", "embed_json"]
+
+WARNING = (
+    "Content warning: this report quotes adversarial counseling conversations. Transcripts "
+    "discuss self-harm, abuse, suicide, grief and other distressing topics, and quote harmful "
+    "replies on purpose. It stays on your machine: it loads nothing from the network."
+)
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
+_RECORD_FIELDS = (
+    "counselor_model",
+    "profile_id",
+    "conversation",
+    "turn",
+    "attempt",
+    "branch",
+    "category",
+    "role",
+    "operator",
+    "instruction",
+    "utterance",
+    "reply",
+    "outcome",
+    "severity",
+    "success",
+    "label",
+    "reasoning",
+    "evidence",
+    "committed",
+    "unjudged_reason",
+    "failed_agent",
+    "failed_error",
+)
+
+
+def _asset(name: str) -> str:
+    return (resources.files("mhsafeeval") / "data" / "report" / name).read_text(encoding="utf-8")
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: float | None) -> str:
+    """A rate as the page shows it: three decimals, or an en dash when undefined."""
+    return "\u2013" if value is None else f"{value:.3f}"
+
+
+def _label(word: str) -> str:
+    return word.replace("_", " ")
+
+
+def embed_json(data: Any) -> str:
+    """JSON that is safe inside ``<script type="application/json">``: no ``<``, ``>``, ``&``."""
+    text = msgspec.json.encode(data).decode()
+    for char, escape in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(char, escape)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
+    """An HTML table; ``head`` is plain text, ``rows`` are already-escaped HTML fragments."""
+    out = [f'<table class="{cls}"><thead><tr>']
+    out += [f"<th>{_e(h)}</th>" for h in head]
+    out.append("</tr></thead><tbody>")
+    out += ["<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows]
+    return "".join(out) + "</tbody></table>"
+
+
+def _metrics_table(report: CampaignReport) -> str:
+    head = ["model", "ASR", "ASR w/o iteration", "refusal rate", "comprehension", "coverage"]
+    head += ["ASR sev\u22653", "ASR sev\u22654", "unjudged", "failed calls", "turns"]
+    rows = [
+        [
+            f"<b>{_e(m.model)}</b>",
+            *(
+                _fmt(v)
+                for v in (
+                    m.overall_asr,
+                    m.asr_first_attempt,
+                    m.refusal_rate,
+                    m.comprehension_rate,
+                    m.coverage,
+                    m.asr_at_3,
+                    m.asr_at_4,
+                )
+            ),
+            str(m.unjudged),
+            str(m.failed_calls),
+            str(m.turns),
+        ]
+        for m in report.models.values()
+    ]
+    return _table(head, rows, "metrics")
+
+
+def _line_chart(
+    title: str, xlabel: str, series: dict[str, dict[int, float | None]], xname: str = "{}"
+) -> str:
+    """A small inline SVG line chart of rates (0..1) over integer x values."""
+    xs = sorted({x for points in series.values() for x in points})
+    w, h, left, bottom, top, right = 420, 230, 44, 40, 26, 16
+    pw, ph = w - left - right, h - top - bottom
+    out = [f'<figure class="chart"><svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img">']
+    out.append(f'<text x="{w / 2}" y="16" class="ct">{_e(title)}</text>')
+    for i in range(6):
+        y = top + ph - ph * i / 5
+        out.append(f'<line x1="{left}" x2="{w - right}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="yl">{i / 5:.1f}</text>')
+
+    def px(x: int) -> float:
+        return left + (pw * xs.index(x) / (len(xs) - 1) if len(xs) > 1 else pw / 2)
+
+    for x in xs:
+        out.append(f'<text x="{px(x):.1f}" y="{h - bottom + 16}" class="xl">')
+        out.append(f"{_e(xname.format(x))}</text>")
+    out.append(f'<text x="{left + pw / 2}" y="{h - 6}" class="xl">{_e(xlabel)}</text>')
+    legend = []
+    for n, (model, points) in enumerate(series.items()):
+        colour = _PALETTE[n % len(_PALETTE)]
+        coords = [(px(x), top + ph - ph * v) for x, v in sorted(points.items()) if v is not None]
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in coords]
+        legend.append(f'<span style="color:{colour}">\u25a0</span> {_e(model)}')
+    out.append("</svg><figcaption>" + " &nbsp; ".join(legend) + "</figcaption></figure>")
+    return "".join(out)
+
+
+def _severity_table(models: list[str], records: list[dict[str, Any]]) -> str:
+    counts: dict[str, Counter[str]] = {m: Counter() for m in models}
+    for r in records:
+        key = str(r["severity"]) if r["outcome"] == "verdict" else r["outcome"]
+        counts.setdefault(r["counselor_model"], Counter())[key] += 1
+    keys = ["1", "2", "3", "4", "5", "unjudged", "failed", "incomplete"]
+    rows = []
+    for model, count in counts.items():
+        most = max(count.values(), default=1)
+        cells = [f"<b>{_e(model)}</b>"]
+        for k in keys:
+            bar = f'<span class="bar s{_e(k)}" style="width:{40 * count[k] / most:.0f}px"></span>'
+            cells.append(f"{bar} {count[k]}")
+        rows.append(cells)
+    return _table(["model", *(f"severity {k}" if k.isdigit() else k for k in keys)], rows, "sev")
+
+
+def _usd(cost: float | None) -> str:
+    return "unknown price" if cost is None else f"{cost:.4f}"
+
+
+def _usage_table(models: list[ModelMetrics]) -> str:
+    rows = [
+        [
+            _e(m.model),
+            _e(role),
+            str(u.calls),
+            str(u.prompt_tokens),
+            str(u.completion_tokens),
+            str(u.prompt_tokens + u.completion_tokens),
+            _usd(role_cost(u)),
+        ]
+        for m in models
+        for role, u in sorted(m.usage.items())
+    ]
+    head = [
+        "model",
+        "agent role",
+        "calls",
+        "prompt tokens",
+        "completion tokens",
+        "total tokens",
+        "est. cost (USD)",
+    ]
+    return _table(head, rows, "usage")
+
+
+def _section(index: int, report: CampaignReport, config: str, records: list[Any]) -> str:
+    models = list(report.models.values())
+    refine = {m.model: {k + 1: v for k, v in m.success_by_attempt.items()} for m in models}
+    at_k = {m.model: dict(m.asr_at_k) for m in models}
+    return "".join(
+        [
+            f'<section class="campaign" id="campaign-{index}">',
+            f"<h2>Campaign {_e(report.campaign)}</h2>",
+            f"<p>{report.events} events; an attack succeeds at severity \u2265 "
+            f"{report.threshold}; {len(models)} counselor model(s).</p>",
+            "<h3>Results per counselor model</h3>",
+            _metrics_table(report),
+            "<h3>Harm heatmap: category \u00d7 role</h3>",
+            f'<div class="heatmaps" data-campaign="{index}"></div>',
+            f'<div class="elite" id="elite-{index}" hidden></div>',
+            '<h3>Refinement and budget</h3><div class="charts">',
+            _line_chart("Success rate by attempt", "attempt", refine),
+            _line_chart("ASR@k vs counselor calls per turn", "counselor calls", at_k, "@{}"),
+            "</div><h3>Severity distribution (all judged attempts)</h3>",
+            _severity_table(list(report.models), records),
+            "<h3>Calls and tokens per agent role</h3>",
+            _usage_table(models),
+            "<h3>Transcripts</h3>",
+            f'<div class="transcripts" data-campaign="{index}"></div>',
+            "<h3>Configuration</h3>",
+            f'<pre class="config">{_e(config) or "(no configuration text stored)"}</pre>',
+            "</section>",
+        ]
+    )
+
+
+async def _config_text(store: EventStore, campaign: str) -> str:
+    text = ""
+    async for stored in store.events(campaign):
+        if isinstance(stored.message, CampaignStarted) and stored.message.config:
+            text = stored.message.config
+    return text
+
+
+async def build_html(
+    store: EventStore, campaign: str | None, *, source: str | Path | None = None
+) -> str:
+    """One self-contained HTML document reporting ``campaign`` (``None``: every stored one).
+
+    Raises:
+        InputError: No such campaign (``source`` names the database in the message).
+    """
+    reports = await load_report(store, campaign, source=source)
+    sections, data = [], []
+    for index, report in enumerate(reports):
+        records = [
+            {f: getattr(r, f) for f in _RECORD_FIELDS}
+            for r in await attempt_records(store, report.campaign, source=source)
+        ]
+        config = await _config_text(store, report.campaign)
+        sections.append(_section(index, report, config, records))
+        data.append(
+            {
+                "campaign": report.campaign,
+                "threshold": report.threshold,
+                "categories": list(dict.fromkeys(c for c, _ in report.cells)),
+                "roles": list(dict.fromkeys(r for _, r in report.cells)),
+                "models": {
+                    name: [msgspec.to_builtins(c) for c in m.cells]
+                    for name, m in report.models.items()
+                },
+                "archive": (await archive_json(store, report.campaign, source=source)),
+                "attempts": records,
+            }
+        )
+    script = _asset("report.js")
+    if "</script" in script.lower() or "<!--" in script:
+        raise AssertionError("the renderer must not contain </script or <!--")
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    csp = (
+        f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+        "img-src data:; base-uri 'none'; form-action 'none'"
+    )  # no quotes, < or & in it: safe in a double-quoted attribute as it is
+    title = "mhsafeeval report" + (f": {reports[0].campaign}" if len(reports) == 1 else "")
+    return "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_e(title)}</title><style>{_asset('report.css')}</style></head><body>",
+            f'<div class="warning" role="alert"><b>\u26a0</b> {_e(WARNING)}</div>',
+            f"<h1>{_e(title)}</h1>",
+            *(sections or ["<p>No campaign is stored.</p>"]),
+            f'<script type="application/json" id="data">{embed_json(data)}</script>',
+            f"<script>{script}</script></body></html>\n",
+        ]
+    )

@@ -1,0 +1,244 @@
+"""The HTML report: self-contained, escaped against hostile model text, and interactive."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mhsafeeval.campaign import run_campaign
+from mhsafeeval.config import parse_config
+from mhsafeeval.errors import InputError
+from mhsafeeval.export import archive_json
+from mhsafeeval.html_report import WARNING, build_html, embed_json
+from mhsafeeval.report import load_report
+from mhsafeeval.runtime.providers import CallParams, ChatMessage
+from mhsafeeval.storage import MemoryEventStore
+from mhsafeeval.testing import demo_counselor, register_script
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+HOSTILE = (
+    ' <script>window.__pwned = 1</script><img src=x onerror="window.__pwned=2">'
+    " </script> \"quoted\" & 'single' <!-- -->"
+)
+SLIPS = {"dependency induction": 0.6, "gaslighting": 0.5, "over-pathologizing": 0.5}
+
+
+def hostile_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
+    return demo_counselor(messages, params, slip_rates=SLIPS) + HOSTILE
+
+
+register_script("hostile-counselor", hostile_counselor)
+
+CONFIG = """
+# a <b>config</b> comment with </script> in it & more
+[campaign]
+name = "html"
+seed = 5
+max_turns = 3
+max_attempts = 3
+conversations_per_profile = 2
+concurrency = 2
+profile_ids = ["grief-widower", "panic-disorder-bus-driver"]
+
+[models.default]
+provider = "scripted/demo-client"
+
+[models.mutator]
+provider = "scripted/demo-mutator"
+
+[models.judge]
+provider = "scripted/demo-judge"
+
+[models.refiner]
+provider = "scripted/demo-refiner"
+
+[counselors.hostile]
+provider = "scripted/hostile-counselor"
+
+[counselors.plain]
+provider = "scripted/demo-counselor"
+"""
+
+
+async def _build() -> tuple[str, dict[str, Any], Any]:
+    async with MemoryEventStore() as store:
+        result = await run_campaign(parse_config(CONFIG, "html.toml"), store, config_text=CONFIG)
+        assert result.status == "completed"
+        page = await build_html(store, "html")
+        archive = await archive_json(store, "html")
+        (report,) = await load_report(store, "html")
+        return page, archive, report
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[str, dict[str, Any], Any]:
+    return anyio.run(_build)
+
+
+def _data(page: str) -> list[dict[str, Any]]:
+    found = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert found is not None
+    result: list[dict[str, Any]] = json.loads(found.group(1))
+    return result
+
+
+def test_page_is_self_contained_and_escaped(built: tuple[str, dict[str, Any], Any]) -> None:
+    page, _, _ = built
+    # Only two script elements: the JSON data block and the renderer (no injected ones).
+    assert len(re.findall(r"<script", page, re.I)) == 2
+    assert len(re.findall(r"</script", page, re.I)) == 2
+    assert page.count('<script type="application/json" id="data">') == 1
+    assert "<img" not in page
+    assert "<!-- -->" not in page
+    assert not re.search(r"""(src|href|action)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert "http://" not in page
+    assert "https://" not in page
+    assert "Content-Security-Policy" in page
+    assert "default-src 'none'" in page
+    # The hostile reply travels in the JSON block, intact after decoding.
+    data = _data(page)
+    replies = [a["reply"] for a in data[0]["attempts"] if a["reply"]]
+    assert any(r.endswith(HOSTILE) for r in replies)
+
+
+def test_content_warning_comes_first(built: tuple[str, dict[str, Any], Any]) -> None:
+    page, _, _ = built
+    body = page.split("<body>", 1)[1]
+    assert body.startswith('<div class="warning"')
+    assert "Content warning" in body[:400]
+    assert "self-harm" in WARNING
+
+
+def test_table_figures_and_config(built: tuple[str, dict[str, Any], Any]) -> None:
+    page, _, report = built
+    assert set(report.models) == {"hostile", "plain"}
+    for m in report.models.values():
+        assert m.overall_asr is not None
+        assert f"<td>{m.overall_asr:.3f}</td>" in page
+        assert f"<td>{m.asr_first_attempt:.3f}</td>" in page
+        assert f"<td>{m.coverage:.3f}</td>" in page
+        assert f"<td>{m.turns}</td>" in page
+    assert "# a &lt;b&gt;config&lt;/b&gt; comment with &lt;/script&gt; in it &amp; more" in page
+    assert "<b>config</b>" not in page
+    assert "Success rate by attempt" in page
+    assert "ASR@k vs counselor calls" in page
+    assert page.count("<svg") == 2
+
+
+def test_data_covers_archive_and_severities(built: tuple[str, dict[str, Any], Any]) -> None:
+    page, archive, report = built
+    (c,) = _data(page)
+    assert c["archive"] == json.loads(json.dumps(archive))
+    assert len(c["categories"]) * len(c["roles"]) == len(report.cells) == 28
+    judged = [a for a in c["attempts"] if a["outcome"] == "verdict"]
+    assert sum(m.verdicts for m in report.models.values()) == len(judged)
+    counts = {s: sum(a["severity"] == s for a in judged) for s in range(1, 6)}
+    assert counts[1] > 0
+    assert sum(counts.values()) > counts[1]  # something slipped
+    assert "severity 4" in page
+
+
+def test_embed_json_cannot_close_the_block() -> None:
+    text = embed_json({"x": "</script><script>alert(1)</script> & \u2028"})
+    assert "<" not in text
+    assert ">" not in text
+    assert "&" not in text
+    assert json.loads(text) == {"x": "</script><script>alert(1)</script> & \u2028"}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_unknown_campaign_is_an_input_error(anyio_backend: str) -> None:
+    async with MemoryEventStore() as store:
+        with pytest.raises(InputError, match="nope"):
+            await build_html(store, "nope", source="x.db")
+
+
+def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) -> None:
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but {CHROMIUM} is missing: install Debian's chromium")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium) to run the browser test")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    page_html, archive, _ = built
+    target = tmp_path / "report.html"
+    target.write_text(page_html, encoding="utf-8")
+    url = target.as_uri()
+    requests: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            page.wait_for_selector("body[data-ready='1']")
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert errors == []
+
+            # Click a filled cell of the hostile counselor: its elite trajectory opens.
+            model = "hostile"
+            cell = page.locator(f'td.cell.filled[data-model="{model}"]').first
+            category = cell.get_attribute("data-category")
+            role = cell.get_attribute("data-role")
+            elite = archive[model][f"{category}/{role}"]
+            cell.click()
+            panel = page.locator("#elite-0")
+            assert panel.is_visible()
+            text = panel.inner_text()
+            assert elite["reply"].split("<script>")[0].strip() in text
+            assert "window.__pwned = 1" in text  # shown as text, not run
+            assert elite["instruction"] in text
+            assert f"severity {elite['severity']}" in text
+            marks = panel.locator(".elite-attempt mark").all_inner_texts()
+            assert elite["evidence"]
+            assert elite["evidence"][0] in marks
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+
+            # The ASR switch changes what the cells say.
+            before = cell.inner_text()
+            page.locator('.heatmaps[data-campaign="0"] select[name="mode"]').select_option("asr")
+            after = cell.inner_text()
+            assert before != after
+            assert re.fullmatch(r"[01]\.\d\d", after)
+
+            # Filtering transcripts by outcome changes the count.
+            count = page.locator('.transcripts[data-campaign="0"] .count')
+            total = int(count.get_attribute("data-attempts") or "-1")
+            outcome = page.locator('.transcripts[data-campaign="0"] select[name="outcome"]')
+            outcome.select_option("success")
+            hits = int(count.get_attribute("data-attempts") or "-1")
+            assert 0 < hits < total
+            page.locator("details.conversation summary").first.click()
+            assert page.locator("details.conversation .attempt").count() > 0
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert errors == []
+
+            page.locator('.heatmaps[data-campaign="0"] select[name="mode"]').select_option(
+                "severity"
+            )
+            assert cell.inner_text() == before
+            (ROOT / "docs").mkdir(exist_ok=True)
+            page.screenshot(path=str(ROOT / "docs" / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert set(requests) == {url}
