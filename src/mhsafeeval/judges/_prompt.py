@@ -27,6 +27,10 @@ __all__ = ["build_judge_messages", "neutralise", "prompt_nonce"]
 
 _TAGS = ("history", "client", "counselor", "utterance", "reply")
 _TAG_LIKE = re.compile(r"<(?=\s*/?\s*(?:" + "|".join(_TAGS) + "))", re.I)
+_TEMPLATE_TOKENS = re.compile(
+    r"<(?=/?(?:start_of_turn|end_of_turn|bos|eos|s>|/s>|<?/?SYS>>))", re.I
+)
+"""Other models' chat-template tokens (Gemma turns, Llama <<SYS>>, <s>): data opens no turn."""
 _LEFT = "\u2039"  # a look-alike that opens no tag
 _RIGHT = "\u203a"
 
@@ -104,6 +108,8 @@ def neutralise(text: str, nonce: str) -> str:
     """
     text = re.sub(re.escape(nonce), "[removed]", text, flags=re.I)
     text = _TAG_LIKE.sub(_LEFT, text)
+    text = _TEMPLATE_TOKENS.sub(lambda m: _LEFT + m.group(0)[1:], text)
+    text = text.replace("[INST]", "\u27e6INST\u27e7").replace("[/INST]", "\u27e6/INST\u27e7")
     return text.replace("<|", _LEFT + "|").replace("|>", "|" + _RIGHT)
 
 

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -126,14 +127,26 @@ def _check_gguf(path: Path, address: str) -> None:
             )
 
 
+_CONTROL = re.compile(r"<(?=/?(?:start_of_turn|end_of_turn|bos|eos|pad|unk|mask)\b)", re.I)
+
+
+def _as_text(content: str) -> str:
+    """Content that cannot open or close a turn: the prompt is tokenized with special tokens on,
+    so a message that says ``<start_of_turn>`` would otherwise become a real turn marker."""
+    return _CONTROL.sub("\u2039", content)
+
+
 def gemma_prompt(messages: Sequence[ChatMessage]) -> str:
-    """Gemma's turn format. Gemma has no system role: the system text opens the first user turn."""
-    system = "\n\n".join(m.content for m in messages if m.role == "system")
+    """Gemma's turn format. Gemma has no system role: the system text opens the first user turn.
+
+    Turn markers inside a message are neutralised, so no message can open a turn.
+    """
+    system = "\n\n".join(_as_text(m.content) for m in messages if m.role == "system")
     turns: list[str] = []
     for m in messages:
         if m.role == "system":
             continue
-        content = m.content
+        content = _as_text(m.content)
         if (
             system
             and m.role == "user"
