@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
+from helpers import cli
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
 from mhsafeeval.errors import InputError
@@ -302,28 +301,11 @@ async def test_bad_inputs_fail_before_anything_is_written(tmp_path: Path) -> Non
 
 def test_cli_run_and_report(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mhsafeeval.cli",
-            "run",
-            str(ROOT / "examples" / "campaign.toml"),
-            "--db",
-            str(db),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    run = cli("run", str(ROOT / "examples" / "campaign.toml"), "--db", str(db))
     assert run.returncode == 0, run.stderr
     assert "dependency induction" in run.stdout
     assert "3/3 conversations finished (0 failed)" in run.stderr
-    report = subprocess.run(
-        [sys.executable, "-m", "mhsafeeval.cli", "report", str(db), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    report = cli("report", str(db), "--json", check=True)
     model = json.loads(report.stdout)["scripted-demo"]["models"]["demo-counselor"]
     for key in (
         "overall_asr",
@@ -336,19 +318,7 @@ def test_cli_run_and_report(tmp_path: Path) -> None:
         assert key in model
     assert len(model["cells"]) == 28
     size = db.stat().st_size
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mhsafeeval.cli",
-            "run",
-            str(ROOT / "examples" / "campaign.toml"),
-            "--db",
-            str(db),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    again = cli("run", str(ROOT / "examples" / "campaign.toml"), "--db", str(db))
     assert again.returncode == 2
     assert "already holds campaign 'scripted-demo'" in again.stderr
     assert db.stat().st_size == size
@@ -356,11 +326,7 @@ def test_cli_run_and_report(tmp_path: Path) -> None:
     bad.write_text(
         (ROOT / "examples" / "campaign.toml").read_text().replace("max_turns = 4", "max_turns = 0")
     )
-    refused = subprocess.run(
-        [sys.executable, "-m", "mhsafeeval.cli", "run", str(bad), "--db", str(tmp_path / "bad.db")],
-        capture_output=True,
-        text=True,
-    )
+    refused = cli("run", str(bad), "--db", str(tmp_path / "bad.db"))
     assert refused.returncode == 2
     assert "bad.toml: campaign.max_turns: must be >= 1" in refused.stderr
     assert not (tmp_path / "bad.db").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli
 from mhsafeeval.cli import main
 from mhsafeeval.messages import ClientUtterance, CounselorReply
 from mhsafeeval.storage import SqliteEventStore
@@ -28,12 +29,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_console_script_runs() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "mhsafeeval.cli", "providers"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    done = cli("providers", check=True)
     assert "scripted/..." in done.stdout and "litellm/..." in done.stdout
 
 
@@ -61,11 +57,6 @@ async def test_events_lists_filters_and_prints_json(
     await _make_db(db)
 
     # The CLI runs its own event loop: call it in a subprocess.
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "mhsafeeval.cli", *args], capture_output=True, text=True
-        )
-
     listing = cli("events", str(db))
     assert listing.returncode == 0
     assert listing.stdout.count("client.utterance") == 3
@@ -121,19 +112,11 @@ def test_run_refuses_missing_keys_and_unknown_providers_before_writing(tmp_path:
         config = tmp_path / "c.toml"
         config.write_text(base + "\n" + change)
         db = tmp_path / "never.db"
-        done = subprocess.run(
-            [sys.executable, "-m", "mhsafeeval.cli", "run", str(config), "--db", str(db)],
-            capture_output=True,
-            text=True,
-        )
+        done = cli("run", str(config), "--db", str(db))
         assert done.returncode == 2, done.stderr
         assert expected in done.stderr
         assert not db.exists()
-        checked = subprocess.run(
-            [sys.executable, "-m", "mhsafeeval.cli", "check", str(config)],
-            capture_output=True,
-            text=True,
-        )
+        checked = cli("check", str(config))
         assert checked.returncode == 0
         assert "warning: " in checked.stderr and expected in checked.stderr
 
@@ -191,29 +174,10 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_keeps_what_was_stored(tmp_path: 
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    events = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mhsafeeval.cli",
-            "events",
-            str(db),
-            "--type",
-            "campaign.finished",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    events = cli("events", str(db), "--type", "campaign.finished", "--json", check=True)
     [finished] = [json.loads(line) for line in events.stdout.splitlines()]
     assert finished["status"] == "interrupted"
-    report = subprocess.run(
-        [sys.executable, "-m", "mhsafeeval.cli", "report", str(db), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    report = cli("report", str(db), "--json", check=True)
     assert json.loads(report.stdout)["scripted-demo"]["models"]["demo-counselor"]["turns"] >= 1
 
 
@@ -234,9 +198,7 @@ def test_api_keys_never_reach_the_database_logs_or_reports(tmp_path: Path) -> No
         ["report", str(db), "--json"],
         ["events", str(db), "--json"],
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "mhsafeeval.cli", *args], capture_output=True, text=True, env=env
-        )
+        done = cli(*args, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         outputs += [done.stdout, done.stderr]
     assert "hosted" in outputs[2]  # the keyed counselor really ran
@@ -266,27 +228,16 @@ def test_export_command_writes_owner_only_files(tmp_path: Path) -> None:
     import stat
 
     db = tmp_path / "demo.db"
-    cli = [sys.executable, "-m", "mhsafeeval.cli"]
-    subprocess.run(
-        [*cli, "run", str(ROOT / "examples" / "campaign.toml"), "--db", str(db), "--quiet"],
-        capture_output=True,
-        check=True,
-    )
+    cli("run", str(ROOT / "examples" / "campaign.toml"), "--db", str(db), "--quiet", check=True)
     out = tmp_path / "attempts.csv"
-    subprocess.run([*cli, "export", str(db), "--format", "csv", "--out", str(out)], check=True)
+    cli("export", str(db), "--format", "csv", "--out", str(out), check=True)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     with out.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    lines = subprocess.run(
-        [*cli, "export", str(db)], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
+    lines = cli("export", str(db), check=True).stdout.splitlines()
     assert len(rows) == len(lines) > 0
     assert {r["outcome"] for r in rows} <= {"verdict", "unjudged", "failed", "incomplete"}
-    archive = json.loads(
-        subprocess.run(
-            [*cli, "export", str(db), "--archive"], capture_output=True, text=True, check=True
-        ).stdout
-    )
+    archive = json.loads(cli("export", str(db), "--archive", check=True).stdout)
     assert set(archive) == {"demo-counselor"}
 
 
@@ -298,18 +249,11 @@ def test_a_failing_counselor_is_named_and_the_exit_code_is_1(tmp_path: Path) -> 
         'api_key_env = "MHS_DOWN_KEY"\nmax_attempts = 1\nbreaker_threshold = 2\n'
         'options = { mock_response = "litellm.InternalServerError" }\n'
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mhsafeeval.cli",
-            "run",
-            str(config),
-            "--db",
-            str(tmp_path / "d.db"),
-        ],
-        capture_output=True,
-        text=True,
+    done = cli(
+        "run",
+        str(config),
+        "--db",
+        str(tmp_path / "d.db"),
         env={**os.environ, "MHS_DOWN_KEY": "sk-test-down-000000"},
     )
     assert done.returncode == 1, done.stderr[-3000:]

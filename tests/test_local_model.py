@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import msgspec
 import pytest
 
+from helpers import cli
 from mhsafeeval.judges import VERDICT_SCHEMA, VerdictPayload, build_judge_messages
 from mhsafeeval.messages import Exchange
 from mhsafeeval.runtime.providers import (
@@ -204,19 +203,9 @@ def test_cli_runs_a_tiny_campaign_on_the_local_model(tmp_path: Path) -> None:
     )
     config.write_text(tiny)
     db = tmp_path / "tiny.db"
-    done = subprocess.run(
-        [sys.executable, "-m", "mhsafeeval.cli", "run", str(config), "--db", str(db)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = cli("run", str(config), "--db", str(db), timeout=900)
     assert done.returncode in (0, 1), done.stderr
     assert "1/1 conversations finished" in done.stderr
-    report = subprocess.run(
-        [sys.executable, "-m", "mhsafeeval.cli", "report", str(db), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    report = cli("report", str(db), "--json", check=True)
     model = json.loads(report.stdout)["offline-demo"]["models"]["gemma-3-270m"]
     assert model["turns"] == 1
