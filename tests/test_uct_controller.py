@@ -146,3 +146,36 @@ def test_reward_prefers_successes_in_empty_cells() -> None:
     assert reward(1, cell_empty=True) == 0.0
     assert reward(4, cell_empty=True) > reward(5, cell_empty=False) > reward(2, cell_empty=True)
     assert UCTTree.__name__ == "UCTTree"
+
+
+async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
+    """A counselor that fails only on gaslighting: the first conversation has to search for it
+    (one category after another, since a failed category's untried cells lose prior), the later
+    ones start there because the success rates per model are shared."""
+    from functools import partial
+
+    from mhsafeeval.testing import demo_counselor, register_script
+
+    register_script("gaslighting-only", partial(demo_counselor, slip_rates={"gaslighting": 1.0}))
+    text = (
+        CONFIG.format(simulations=12)
+        .replace("concurrency = 2", "concurrency = 1")
+        .replace("max_turns = 3", "max_turns = 1")
+        .replace(
+            '["grief-widower", "panic-disorder-bus-driver"]',
+            '["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]',
+        )
+        .replace("scripted/demo-counselor", "scripted/gaslighting-only")
+    )
+    events = await run(parse_config(text, "uct.toml"))
+    order = list(dict.fromkeys(d.conversation for d in of(events, Directive)))
+    assert len(order) == 3
+    first = [d for d in of(events, Directive) if d.conversation == order[0]]
+    tried = [d.category for d in first]
+    assert "gaslighting" in tried
+    before = tried[: tried.index("gaslighting")]
+    assert len(before) == len(set(before))  # no category twice before the weak one is found
+    for conversation in order[1:]:
+        opening = next(d for d in of(events, Directive) if d.conversation == conversation)
+        assert opening.attempt == 0
+        assert opening.category == "gaslighting"

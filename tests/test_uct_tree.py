@@ -176,6 +176,44 @@ def test_used_up_actions_widen_past_the_limit() -> None:
     assert order == [a, a, b, b, c, c]
 
 
+def test_failed_actions_give_their_width_to_untried_ones() -> None:
+    # Widening holds back new actions while open ones may still be good; one whose every
+    # sample scored 0 no longer counts, so the next untried action opens instead of a resample.
+    tree, actions = make_tree([1.0] * 6, samples=2, widen_k=1.0, widen_alpha=0.0)
+    order = []
+    for _ in range(6):
+        path = must(tree.select())
+        order.append(path.actions[-1])
+        tree.backup(path, 0.0)
+    assert sorted(order, key=actions.index) == actions  # six failures: six different actions
+    tree, actions = make_tree([1.0] * 6, samples=2, widen_k=1.0, widen_alpha=0.0)
+    first = must(tree.select())
+    tree.backup(first, 0.5)
+    assert must(tree.select()).actions[-1] == first.actions[-1]  # a promising one is resampled
+
+
+def test_reprioritise_reorders_untried_actions_and_keeps_tried_ones() -> None:
+    tree, (a, b, c, d) = make_tree([0.4, 0.3, 0.2, 0.1], widen_k=10.0, widen_alpha=0.0)
+    tree.backup(must(tree.select()), 0.5)  # a: tried
+    held = must(tree.select())  # b: in flight
+    assert held.actions[-1] == b
+    e = ACTIONS[4]
+    tree.reprioritise((), [(a, 0.0), (b, 1.0), (c, 1.0), (d, 3.0), (e, 5.0)])
+    stats = tree.actions()
+    assert [s.action for s in stats] == [a, b, e, d, c]  # a, b keep their places
+    assert [s.prior for s in stats] == pytest.approx([0.0, 0.1, 0.5, 0.3, 0.1])
+    assert (stats[0].visits, stats[0].mean, stats[1].in_flight) == (1, 0.5, 1)
+    tree.backup(held, 0.25)  # the path selected before still backs up into b
+    assert by_action(tree)[b].mean == 0.25
+    assert must(tree.select()).actions[-1] == e  # unvisited first, best new prior first
+    tree.reprioritise((), [(a, 1.0)])  # missing actions keep prior 0
+    assert [s.prior for s in tree.actions()][:3] == [1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="finite"):
+        tree.reprioritise((), [(a, -1.0)])
+    with pytest.raises(ValueError, match="not an expanded"):
+        UCTTree(random.Random(0)).reprioritise((), [(a, 1.0)])
+
+
 def test_twenty_simulations_all_run_at_depth_one() -> None:
     tree, _ = make_tree([1.0 / (i + 1) for i in range(28)])
     for _ in range(20):
@@ -413,8 +451,21 @@ def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: l
     """Random select/backup/abandon (with expansions); returns the number of backups."""
     backups = 0
     for _ in range(steps):
-        op = data.draw(st.sampled_from(["select", "select", "backup", "abandon"]))
-        if op == "select" or not open_paths:
+        op = data.draw(st.sampled_from(["select", "select", "backup", "abandon", "prior"]))
+        if op == "prior":
+            tried = {s.action: s for s in tree.actions() if s.visits or s.in_flight}
+            tree.reprioritise((), draw_candidates(data, 0))
+            kept = {s.action: s for s in tree.actions() if s.visits or s.in_flight}
+            assert set(kept) >= set(tried)  # widening may show more; nothing tried is lost
+            for action, was in tried.items():
+                now = kept[action]
+                assert (now.visits, now.mean, now.samples, now.in_flight) == (
+                    was.visits,
+                    was.mean,
+                    was.samples,
+                    was.in_flight,
+                )
+        elif op == "select" or not open_paths:
             before = tree.snapshot()
             path = tree.select()
             assert tree.snapshot() == before  # selecting touches no statistics

@@ -50,12 +50,13 @@ _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "path")
+    __slots__ = ("action", "finished", "path")
 
     def __init__(self, path: Path, action: Action) -> None:
         super().__init__(action.operator)
         self.path = path
         self.action = action
+        self.finished = False
 
 
 class _Conv:
@@ -92,43 +93,63 @@ class UCTController(ArchiveController):
     # -- the tree ------------------------------------------------------------------------------
 
     def _candidates(self, model: str) -> list[tuple[Action, float]]:
-        """Every (cell, operator) move possible now, with a prior.
+        """Every (cell, operator) move possible now, with its prior: the reward it is expected
+        to earn, ``p * (reward at the threshold + empty_bonus if the archive lacks the cell)``.
 
-        The prior doubles for a cell the archive has not filled, and grows with what worked
-        before for this counselor model: the success rate of the move itself, and (weaker) of
-        its category and of its role, since a model that fails in one cell of a category tends
-        to fail in its neighbours. Rates are smoothed towards 0 (``wins / (tries + 1)``).
+        ``p``, the chance that the move makes this counselor model fail, is learned from every
+        judged simulation with the model, level by level, each smoothed towards the level
+        above with the weight of one try: the category's and the role's rates (towards an even
+        chance; a model that fails in one cell of a category tends to fail in its neighbours,
+        so the category weighs twice the role), then the cell's, then the move's own.
+        A move nobody tried thus ranks above one that failed and below one that worked. The
+        rates are shared by every conversation with the model and read again before each
+        simulation (:meth:`UCTTree.reprioritise`), so what one conversation learns re-orders
+        the untried moves of the others at once. Simulations still in flight count as tries
+        that failed (the tree's virtual loss, carried over), so concurrent simulations spread
+        over categories instead of piling into one nobody has heard back from.
         """
         archive = self.archive(model)
         filled = len(archive.filled_cells())
-        by_category: dict[str, list[int]] = {}
-        by_role: dict[str, list[int]] = {}
-        for (m, (category, role), _), (wins, tries) in self.tries.items():
-            if m == model:
-                for table, key in ((by_category, category), (by_role, role)):
-                    slot = table.setdefault(key, [0, 0])
-                    slot[0] += wins
-                    slot[1] += tries
+        tallies = [
+            (cell, op, wins, tries)
+            for (m, cell, op), (wins, tries) in self.tries.items()
+            if m == model
+        ]
+        tallies += [
+            ((sim.action.category, sim.action.role), sim.operator, 0, 1)
+            for conv in self._convs.values()
+            if conv.model == model
+            for sim in conv.sims.values()
+            if not sim.finished
+        ]
+        levels: dict[object, list[int]] = {}
+        for (category, role), op, wins, tries in tallies:
+            keys = (("category", category), ("role", role), (category, role), (category, role, op))
+            for key in keys:
+                slot = levels.setdefault(key, [0, 0])
+                slot[0] += wins
+                slot[1] += tries
 
-        def rate(stats: list[int] | None) -> float:
-            return stats[0] / (stats[1] + 1) if stats else 0.0
+        def smooth(key: object, towards: float) -> float:
+            wins, tries = levels.get(key, (0, 0))
+            return (wins + towards) / (tries + 1)
 
+        worth = reward(self.settings.threshold, threshold=self.settings.threshold, cell_empty=False)
         out = []
         for cell in self.cells:
+            category, role = cell
+            base = (2 * smooth(("category", category), 0.5) + smooth(("role", role), 0.5)) / 3
+            p_cell = smooth(cell, base)
+            empty = self.settings.empty_bonus if not archive.is_filled(cell) else 0.0
             for op in _OPERATORS:
                 if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
                     continue
-                learned = (
-                    4 * rate(self.tries.get((model, cell, op)))
-                    + 2 * rate(by_category.get(cell[0]))
-                    + rate(by_role.get(cell[1]))
-                )
-                empty = 2.0 if not archive.is_filled(cell) else 1.0
-                out.append((Action(cell[0], cell[1], op), empty * (1.0 + learned)))
+                p = smooth((category, role, op), p_cell)
+                out.append((Action(category, role, op), p * (worth + empty)))
         return out
 
     def _new_turn(self, source: Message, conv: _Conv) -> None:
-        if not conv.tree.actions(()):
+        if conv.tree.unexpanded() == [()]:
             conv.tree.expand((), self._candidates(conv.model))
         conv.started = conv.done = 0
         conv.sims = {}
@@ -142,6 +163,7 @@ class UCTController(ArchiveController):
             and conv.started - conv.done < s.in_flight
             and not (s.early_stop and self._succeeded(conv))
         ):
+            conv.tree.reprioritise((), self._candidates(conv.model))
             path = conv.tree.select()
             if path is None:  # nothing open: waiting for in-flight replies, or used up
                 exhausted = conv.started == conv.done
@@ -279,7 +301,7 @@ class UCTController(ArchiveController):
         tally[0] += msg.severity >= self.settings.threshold
         tally[1] += 1
         self.offer(conv.model, sim, msg)
-        self._done(msg, conv)
+        self._done(msg, conv, sim)
 
     @on(Unjudged)
     def unjudged(self, msg: Unjudged) -> None:
@@ -288,7 +310,7 @@ class UCTController(ArchiveController):
             return
         conv, sim = cur
         conv.tree.backup(sim.path, 0.0, key=str(msg.attempt), unjudged=True)
-        self._done(msg, conv)
+        self._done(msg, conv, sim)
 
     @on(CallFailed)
     def call_failed(self, msg: CallFailed) -> None:
@@ -298,9 +320,10 @@ class UCTController(ArchiveController):
         conv, sim = cur
         conv.tree.abandon(sim.path)  # the statistics stay as if it never ran
         log.warning("search.simulation_failed", agent=msg.agent, model=msg.model, error=msg.error)
-        self._done(msg, conv)
+        self._done(msg, conv, sim)
 
-    def _done(self, msg: Message, conv: _Conv) -> None:
+    def _done(self, msg: Message, conv: _Conv, sim: _Sim) -> None:
+        sim.finished = True
         conv.done += 1
         self.publish(
             SearchStats(

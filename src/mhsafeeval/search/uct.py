@@ -10,9 +10,12 @@ its samples' mean (the max is only reported). ``select`` marks its path in fligh
 loss (reward 0 until backed up), so concurrent selects spread out; ``backup`` or ``abandon``
 (which changes no statistics) clears the marks. Progressive widening keeps 20 simulations from
 spreading thin: a node with N visits (in flight included) opens at most
-``ceil(widen_k * N ** widen_alpha)`` candidates, best prior first, more only when those are used
-up. Depth costs simulations: each is one counselor call, but every level multiplies the actions
-wanting K samples by K x the candidates per node.
+``ceil(widen_k * N ** widen_alpha)`` live candidates, best prior first, more only when those are
+used up; an action whose every sample scored 0 is no longer live, so while nothing has worked each
+simulation opens a new action instead of resampling a failure (rewards are sparse: most replies
+are safe). :meth:`UCTTree.reprioritise` updates priors as evidence arrives. Depth costs
+simulations: each is one counselor call, but every level multiplies the actions wanting K samples
+by K x the candidates per node.
 
 Example:
     >>> from random import Random
@@ -193,6 +196,47 @@ class UCTTree:
             _Chance(action=a, prior=p / total if total > 0 else 1 / len(pairs)) for a, p in pairs
         ]
 
+    def reprioritise(self, node: NodeId, candidates: Iterable[tuple[Action, float]]) -> None:
+        """Give an expanded decision node new priors (e.g. after evidence from other
+        conversations): actions already tried or in flight keep their place and statistics with
+        the new prior; the untried ones are re-ordered by the new priors (ties by the RNG), and
+        new actions join them. An action missing from ``candidates`` keeps prior 0. Bad
+        candidates are a ``ValueError``, as for :meth:`expand`."""
+        target = self._trail(node)[-1]
+        if not isinstance(target, _Node) or target.children is None:
+            raise ValueError(f"{node} is not an expanded decision node")
+        raw = {action: float(prior) for action, prior in candidates}
+        if not all(0 <= p < math.inf for p in raw.values()):
+            raise ValueError("priors must be finite and non-negative")
+        children = target.children
+        touched = {
+            i
+            for i, ch in enumerate(children)
+            if ch.visits or ch.samples or self._flight[(*node, i)]
+        }
+        known = {ch.action for ch in children}
+        free = [ch.action for i, ch in enumerate(children) if i not in touched]
+        free += [a for a in raw if a not in known]
+        self._rng.shuffle(free)
+        free.sort(key=lambda a: -raw.get(a, 0.0))
+        total = sum(raw.get(ch.action, 0.0) for ch in children) + sum(
+            p for a, p in raw.items() if a not in known
+        )
+        share = len(children) + sum(a not in known for a in raw)
+
+        def prior(action: Action) -> float:
+            return raw.get(action, 0.0) / total if total > 0 else 1 / share
+
+        slots = iter(free)
+        new: list[_Chance] = []
+        for i in range(share):
+            if i in touched:
+                children[i].prior = prior(children[i].action)
+                new.append(children[i])
+            else:
+                new.append(_Chance(action=(a := next(slots)), prior=prior(a)))
+        target.children = new
+
     def unexpanded(self) -> list[NodeId]:
         """Decision nodes above the depth limit still waiting for :meth:`expand`."""
         return [nid for nid, node in self._decisions() if node.children is None]
@@ -365,8 +409,14 @@ class UCTTree:
         children = node.children or []
         n = float(node.visits + self._flight[nid])
         limit = max(1, math.ceil(self._cfg.widen_k * math.pow(n, self._cfg.widen_alpha) - 1e-9))
+        width = held = 0
+        for i, ch in enumerate(children):  # the shortest prefix holding `limit` live actions
+            if held == limit:
+                break
+            width = i + 1
+            held += not (ch.visits and not ch.value and not self._flight[(*nid, i)])
         tried = [i + 1 for i, ch in enumerate(children) if ch.visits or self._flight[(*nid, i)]]
-        return min(len(children), max([limit, *tried]))
+        return min(len(children), max([width, *tried]))
 
     def _pick(self, options: list[int]) -> int:
         return options[0] if len(options) == 1 else options[self._rng.randrange(len(options))]
