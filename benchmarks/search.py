@@ -5,9 +5,9 @@ categories, each at its own rate (hidden from the search). For each controller a
 runs the same campaign (6 conversations, 2 at a time) and prints the counselor calls each
 conversation spent before its first success (all conversations; the first two, which start
 knowing nothing; the later ones, which may use what was learned), the share of calls that
-succeeded, and the cells filled; medians over all conversations / runs of all seeds. Then the wall time
-of one 20-simulation UCT turn against a 1-simulation turn when every model call takes a fixed
-latency (target: at most 6x with 4 simulations in flight).
+succeeded, and the cells filled; medians over all conversations / runs of all seeds. Then the
+wall time of one 20-simulation UCT turn against a 1-simulation turn when every model call takes
+a fixed latency (target: at most 6x with 4 simulations in flight).
 
     python benchmarks/search.py [--seeds 5] [--latency 0.05]
 """

@@ -319,8 +319,18 @@ def test_cli_run_and_report(tmp_path: Path) -> None:
     assert len(model["cells"]) == 28
     size = db.stat().st_size
     again = cli("run", str(ROOT / "examples" / "campaign.toml"), "--db", str(db))
-    assert again.returncode == 2
-    assert "already holds campaign 'scripted-demo'" in again.stderr
+    assert again.returncode == 0, again.stderr  # finished: nothing to do, same report
+    assert "campaign already completed; nothing to do" in again.stderr
+    assert "0 events written" in again.stderr
+    assert "dependency induction" in again.stdout
+    other = tmp_path / "other.toml"
+    other.write_text(
+        (ROOT / "examples" / "campaign.toml").read_text().replace("seed = ", "seed = 1")
+    )
+    refused = cli("run", str(other), "--db", str(db))
+    assert refused.returncode == 2
+    assert "already stored with a different configuration" in refused.stderr
+    assert "campaign.seed: stored" in refused.stderr
     assert db.stat().st_size == size
     bad = tmp_path / "bad.toml"
     bad.write_text(

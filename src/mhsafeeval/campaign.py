@@ -28,7 +28,7 @@ from mhsafeeval.agents import (
     builtin_profiles,
     load_profiles,
 )
-from mhsafeeval.config import Config, check_runnable
+from mhsafeeval.config import Config, canonical_config, check_runnable, config_differences
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import JUDGES
 from mhsafeeval.messages import (
@@ -89,6 +89,11 @@ class CampaignResult(msgspec.Struct, kw_only=True):
     finished: int
     failed: int
     events_written: int
+    resumed_from: int = 0
+    """Events already stored when this run started (0: a fresh campaign)."""
+    redone: int = 0
+    """Stored messages whose unfinished work this run did again (the calls in flight when the
+    previous run stopped)."""
 
 
 class _Plan(msgspec.Struct, frozen=True):
@@ -192,6 +197,51 @@ def preflight(config: Config, source: str | Path = "<config>") -> list[InputErro
     return problems
 
 
+class _History:
+    """What a store already holds of a campaign: the input of a resumed run."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = messages
+        self.ids = {m.id for m in messages}
+        self.children: dict[str, list[Message]] = {}
+        for m in messages:
+            if m.causation:
+                self.children.setdefault(m.causation, []).append(m)
+        self.started = [m.conversation for m in messages if isinstance(m, ConversationStarted)]
+        self.finished = {
+            m.conversation: m.status for m in messages if isinstance(m, ConversationFinished)
+        }
+        self.broken = {m.conversation: m for m in messages if isinstance(m, HandlerFailed)}
+        self.outcome = next(
+            (
+                m
+                for m in reversed(messages)
+                if isinstance(m, CampaignFinished) and m.key == "finish"
+            ),
+            None,
+        )
+
+
+async def _history(store: EventStore, config: Config, source: str | Path) -> _History | None:
+    """The stored part of this campaign, or None if the store has none; a stored campaign
+    with a different config is an InputError naming the differences."""
+    name = config.campaign.name
+    info = next((c for c in await store.list_campaigns() if c.id == name), None)
+    if info is None or info.event_count == 0:
+        return None
+    differences = config_differences(info.config, config)
+    if differences:
+        shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
+        raise InputError(
+            source,
+            differences[0].split(":", 1)[0],
+            f"campaign {name!r} is already stored with a different configuration, so it cannot "
+            f"be resumed with this one ({shown}). Use the configuration it was started with, "
+            "or a new --db or campaign.name",
+        )
+    return _History([e.message async for e in store.events(name) if e.message is not None])
+
+
 class Scheduler:
     """Keeps ``concurrency`` conversations running; sets ``done`` when the last one ends.
 
@@ -201,24 +251,34 @@ class Scheduler:
     """
 
     def __init__(
-        self, specs: tuple[ConversationSpec, ...], campaign: str, max_turns: int, concurrency: int
+        self,
+        specs: tuple[ConversationSpec, ...],
+        campaign: str,
+        max_turns: int,
+        concurrency: int,
+        history: _History | None = None,
     ) -> None:
-        self.pending = list(reversed(specs))
+        done = history.finished if history is not None else {}
+        started = set(history.started) if history is not None else set()
+        self.pending = [s for s in reversed(specs) if s.id not in started]
         self.campaign = campaign
         self.max_turns = max_turns
         self.concurrency = concurrency
-        self.running: set[str] = set()
-        self.finished = 0
-        self.failed = 0
+        self.running: set[str] = {s.id for s in specs if s.id in started and s.id not in done}
+        self.finished = len(done)
+        self.failed = sum(status != "completed" for status in done.values())
         self.total = len(specs)
         self.done = anyio.Event()
         self._runtime: Runtime | None = None
         self._failing: set[str] = set()
+        self.pending_failures: list[HandlerFailed] = []  # stored, not yet closed (resume)
 
     def attach(self, runtime: Runtime) -> None:
         """Subscribe to the runtime and start the first conversations."""
         self._runtime = runtime
         runtime.subscribe(self, name="scheduler", types=(ConversationFinished, HandlerFailed))
+        for failure in self.pending_failures:
+            self(failure)
         self._start_more()
 
     def _start_more(self) -> None:
@@ -275,10 +335,20 @@ async def run_campaign(
 ) -> CampaignResult:
     """Run a whole campaign, storing every message in ``store`` (already open).
 
+    If the store already holds this campaign (same name), the run **resumes** it: the stored
+    messages are replayed into the agents' and the controller's state (transcripts, archives,
+    refiner notes, UCT trees, RNG draws), in stored order, without any model call; decisions
+    the stopped run made but had not stored are published again, and each stored message whose
+    answer is missing (the calls in flight when it stopped) is handed to its agent again.
+    Finished conversations are left alone and the others continue. A campaign that already
+    finished is returned as it is.
+
     Raises:
-        InputError: a bad taxonomy, profile set, controller or judge name (before any write).
+        InputError: a bad taxonomy, profile set, controller or judge name, or a stored campaign
+            of this name with another configuration (before any write).
     """
     plan = build_plan(config, source)
+    history = await _history(store, config, source)
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
     settings = LoopSettings(
@@ -321,16 +391,31 @@ async def run_campaign(
     def spec(agent_id: AgentId) -> ConversationSpec:
         return specs[agent_id.key]
 
-    await store.register_campaign(c.name, config_text)
+    resumed_from = len(history.messages) if history is not None else 0
+    if history is not None and history.outcome is not None:
+        finished = len(history.finished)
+        failed = sum(status != "completed" for status in history.finished.values())
+        log.info("campaign.already_finished", status=history.outcome.status, events=resumed_from)
+        return CampaignResult(
+            campaign=c.name,
+            status=history.outcome.status,
+            conversations=len(specs),
+            finished=finished,
+            failed=failed,
+            events_written=0,
+            resumed_from=resumed_from,
+        )
+    await store.register_campaign(c.name, canonical_config(config))
     scheduler = Scheduler(
-        plan.conversations, c.name, 1 if a.single_turn else c.max_turns, c.concurrency
+        plan.conversations, c.name, 1 if a.single_turn else c.max_turns, c.concurrency, history
     )
     status = "interrupted"
+    redone = 0
     try:
         async with Runtime() as rt:
             rt.subscribe(store.append, name="store", critical=True)
             for i, observer in enumerate(observers):
-                rt.subscribe(observer, name=f"observer{i}")
+                rt.subscribe(observer, name=f"observer{i}", replay=True)
             rt.register(
                 "mutator",
                 lambda aid: MutatorAgent(
@@ -376,17 +461,20 @@ async def run_campaign(
                     types=RefinerAgent.handled_types(),
                 )
             rt.add(make_controller(cells, settings), name="controller")
-            rt.publish(
-                CampaignStarted(
-                    campaign=c.name,
-                    key="start",
-                    config=config_text,
-                    cells=tuple(cells),
-                    threshold=c.threshold,
-                    planned_conversations=len(specs),
-                    max_turns=1 if a.single_turn else c.max_turns,
+            if history is not None:
+                redone = _resume(rt, history, scheduler)
+            else:
+                rt.publish(
+                    CampaignStarted(
+                        campaign=c.name,
+                        key="start",
+                        config=config_text,
+                        cells=tuple(cells),
+                        threshold=c.threshold,
+                        planned_conversations=len(specs),
+                        max_turns=1 if a.single_turn else c.max_turns,
+                    )
                 )
-            )
             scheduler.attach(rt)
             await scheduler.done.wait()
             await rt.run_until_idle()
@@ -405,7 +493,8 @@ async def run_campaign(
             await store.append(
                 CampaignFinished(
                     campaign=c.name,
-                    key="finish",
+                    # Not "finish": a resumed run still records how it ends.
+                    key=f"stopped:{resumed_from}+{store.stats.appended}",
                     status="interrupted" if not isinstance(exc, Exception) else "failed",
                     detail=f"{type(exc).__name__}: {exc}"[:500],
                 )
@@ -423,4 +512,34 @@ async def run_campaign(
         finished=scheduler.finished,
         failed=scheduler.failed,
         events_written=store.stats.written,
+        resumed_from=resumed_from,
+        redone=redone,
     )
+
+
+def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:
+    """Replay a stored campaign into the runtime's agents and restart its unfinished work;
+    returns how many stored messages were handed to an agent again."""
+    rt.begin_replay(history.ids)
+    for msg in history.messages:
+        rt.replay(msg)
+    suppressed, fresh = rt.end_replay()
+    live = scheduler.running - set(history.broken)
+    redone = 0
+    for msg in history.messages:
+        if msg.conversation in live:
+            redone += bool(rt.redo(msg, history.children.get(msg.id, ())))
+    log.info(
+        "campaign.resumed",
+        stored=len(history.messages),
+        finished=len(history.finished),
+        continuing=len(live),
+        republished=len(fresh),
+        redone=redone,
+        replayed_decisions=suppressed,
+    )
+    for conversation in scheduler.running & set(history.broken):
+        # A handler failed and the run stopped before the conversation was closed: close it.
+        rt.cancel_conversation(conversation)
+        scheduler.pending_failures.append(history.broken[conversation])
+    return redone

@@ -224,8 +224,15 @@ async def _run(args: argparse.Namespace) -> int:
     problems = preflight(config, source)
     if problems:
         raise problems[0]
-    await _refuse_a_stored_campaign(db, config.campaign.name)
-    print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
+    stored = await _stored_events(db, config.campaign.name)
+    if stored:
+        print(
+            f"mhsafeeval: campaign {config.campaign.name!r} -> {db}: resuming "
+            f"({stored} events stored)",
+            file=sys.stderr,
+        )
+    else:
+        print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
     observers = () if args.quiet else (Progress(every_s=args.progress_every),)
     async with SqliteEventStore(db) as store:
         result = await run_campaign(
@@ -240,9 +247,17 @@ async def _run(args: argparse.Namespace) -> int:
         ]
     for report in reports:
         print(render_text(report))
+    if stored and result.events_written == 0 and result.resumed_from:
+        print(f"\nmhsafeeval: campaign already {result.status}; nothing to do", file=sys.stderr)
+    resumed = (
+        f" (resumed from {result.resumed_from} stored events, {result.redone} unfinished "
+        "calls redone)"
+        if result.resumed_from and result.events_written
+        else ""
+    )
     print(
         f"\n{result.finished}/{result.conversations} conversations finished "
-        f"({result.failed} failed), {result.events_written} events written to {db}",
+        f"({result.failed} failed), {result.events_written} events written to {db}{resumed}",
         file=sys.stderr,
     )
     for finished in failed:
@@ -274,21 +289,15 @@ def _print_estimate(config: Config, source: Path) -> int:
     return 0
 
 
-async def _refuse_a_stored_campaign(db: Path, name: str) -> None:
+async def _stored_events(db: Path, name: str) -> int:
+    """Events of campaign ``name`` already in ``db`` (0 if the file or campaign is new)."""
     from mhsafeeval.storage import SqliteEventStore
 
     if not await anyio.Path(db).exists():
-        return
+        return 0
     async with SqliteEventStore(db, read_only=True) as existing:
         stored = {c.id: c for c in await existing.list_campaigns()}
-    if name in stored:
-        raise InputError(
-            db,
-            "campaign",
-            f"already holds campaign {name!r} ({stored[name].event_count} events): read it with "
-            f"`mhsafeeval report {db}`, or run into a new --db (resuming an interrupted "
-            "campaign is not supported yet)",
-        )
+    return stored[name].event_count if name in stored else 0
 
 
 async def _report(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ Example ``campaign.toml``::
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -30,12 +31,16 @@ from mhsafeeval.runtime.providers import ModelSettings
 
 __all__ = [
     "AGENT_ROLES",
+    "RESUMABLE_CHANGES",
     "AblationSection",
+    "BudgetSection",
     "CampaignSection",
     "Config",
     "LoggingSection",
     "SearchSection",
+    "canonical_config",
     "check_runnable",
+    "config_differences",
     "load_config",
     "parse_config",
 ]
@@ -86,6 +91,26 @@ class AblationSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     no_qd_search: bool = False
 
 
+class BudgetSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[budget]``: optional campaign limits. On reaching one the campaign stops cleanly (no new
+    model call starts, calls in flight are cancelled and redone on resume); re-running it with a
+    larger limit continues it. Local and scripted models cost 0 USD; tokens are all roles'."""
+
+    counselor_calls: int | None = None
+    tokens: int | None = None
+    usd: float | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("counselor_calls", "tokens", "usd"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise ValueError(f"must be > 0 (leave it out for no limit) - at `$.{field}`")
+
+
+RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency")
+"""Config keys a resumed campaign may change; any other difference is refused."""
+
+
 class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[logging]``: level and format of log lines (stderr)."""
 
@@ -126,6 +151,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     campaign: CampaignSection = CampaignSection()
     ablation: AblationSection = AblationSection()
     search: SearchSection = SearchSection()
+    budget: BudgetSection = BudgetSection()
     models: dict[str, ModelSettings] = {}
     counselors: dict[str, ModelSettings] = {}
     logging: LoggingSection = LoggingSection()
@@ -177,6 +203,39 @@ def _convert(data: dict[str, Any], source: str | Path) -> Config:
                 settings = convert(table, ModelSettings, source, f"{section}.{name}")
                 _check_model(settings, source, f"{section}.{name}")
     return convert(data, Config, source)
+
+
+def canonical_config(config: Config) -> str:
+    """The effective config as canonical JSON (sorted keys): what a campaign stores to tell, on
+    resume, whether it is run with the same settings (overrides such as ``--controller``
+    included)."""
+    return json.dumps(msgspec.to_builtins(config), sort_keys=True, separators=(",", ":"))
+
+
+def config_differences(stored: str, now: Config) -> list[str]:
+    """What differs between a stored :func:`canonical_config` and ``now``, as
+    ``"key.path: stored X, now Y"`` lines, leaving out :data:`RESUMABLE_CHANGES`. A stored
+    text that is not canonical JSON (written by an older version) is one difference."""
+    try:
+        before = json.loads(stored)
+    except ValueError:
+        before = None
+    if not isinstance(before, dict):
+        return ["the stored configuration predates resumable campaigns"]
+    after = msgspec.to_builtins(now)
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if any(path == k or path.startswith(k + ".") for k in RESUMABLE_CHANGES):
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        elif a != b:
+            out.append(f"{path}: stored {json.dumps(a)}, now {json.dumps(b)}")
+
+    walk(before, after, "")
+    return out
 
 
 def check_runnable(config: Config, source: str | Path = "<config>") -> None:

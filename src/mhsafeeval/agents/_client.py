@@ -94,6 +94,7 @@ class ClientAgent(TranscriptAgent):
     """
 
     role = "client"
+    outcomes = (ClientUtterance,)
 
     def __init__(
         self, model: ModelClient, profile: ClientProfile, *, context_turns: int = 5

@@ -50,6 +50,7 @@ class CounselorAgent(TranscriptAgent):
     """
 
     role = "counselor"
+    outcomes = (CounselorReply,)
 
     def __init__(
         self,

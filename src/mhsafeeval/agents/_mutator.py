@@ -105,6 +105,7 @@ class MutatorAgent(TranscriptAgent):
     """
 
     role = "mutator"
+    outcomes = (Instruction,)
 
     def __init__(
         self,

@@ -127,6 +127,13 @@ class TranscriptAgent(Agent):
     def _commit(self, msg: TurnCommitted) -> None:
         self.transcript.add(msg)
 
+    def answered(self, msg: Message, children: Iterable[Message]) -> bool:
+        """An outcome, or this agent's own :class:`CallFailed`, was stored for ``msg``."""
+        return any(
+            isinstance(c, self.outcomes) or (isinstance(c, CallFailed) and c.agent == self.role)
+            for c in children
+        )
+
     def recent(self) -> list[Exchange]:
         """The last ``context_turns`` committed exchanges, oldest first."""
         return self.transcript.recent(self.context_turns)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import msgspec
 
-from mhsafeeval.messages import RefinerNotes, Usage, Verdict
+from mhsafeeval.messages import Message, RefinerNotes, Usage, Verdict
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
@@ -101,6 +102,7 @@ class RefinerAgent(TranscriptAgent):
     """
 
     role = "refiner"
+    outcomes = (RefinerNotes,)
 
     def __init__(
         self,
@@ -126,6 +128,15 @@ class RefinerAgent(TranscriptAgent):
         """The last ``keep`` notes written for a cell in this conversation, oldest first."""
         return tuple(self._notes.get((category, role), ()))
 
+    def answered(self, msg: Message, children: Iterable[Message]) -> bool:
+        """Notes (or a failure) are stored, or ``msg`` needed none."""
+        if isinstance(msg, Verdict) and not self._wants_notes(msg):
+            return True
+        return super().answered(msg, children)
+
+    def _wants_notes(self, msg: Verdict) -> bool:
+        return msg.severity < self.threshold and msg.attempt + 1 < self.max_attempts
+
     @on(RefinerNotes)
     def remember(self, msg: RefinerNotes) -> None:
         """Fold a published set of notes into the per-cell memory (once per message id)."""
@@ -150,7 +161,7 @@ class RefinerAgent(TranscriptAgent):
     @on(Verdict)
     async def refine(self, msg: Verdict) -> None:
         """Write notes for the next attempt when this one fell short and attempts remain."""
-        if msg.severity >= self.threshold or msg.attempt + 1 >= self.max_attempts:
+        if not self._wants_notes(msg):
             return
         result = await self.ask(
             msg,

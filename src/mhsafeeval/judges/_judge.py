@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import structlog
 
 from mhsafeeval.messages import (
     CallFailed,
     ClientUtterance,
     CounselorReply,
+    Message,
     Transcript,
     TurnCommitted,
     Unjudged,
@@ -99,6 +102,7 @@ class RubricJudge(Agent):
     """
 
     max_concurrent_handlers = 4  # tree search judges several simulations of a turn at once
+    outcomes = (Verdict, Unjudged)
 
     def __init__(
         self,
@@ -122,6 +126,13 @@ class RubricJudge(Agent):
         self.params = _sampling(model)
         self.transcript = Transcript()
         self._utterances: dict[tuple[int, int, str], ClientUtterance] = {}
+
+    def answered(self, msg: Message, children: Iterable[Message]) -> bool:
+        """A verdict, an Unjudged or the judge's CallFailed is stored for the reply."""
+        return any(
+            isinstance(c, self.outcomes) or (isinstance(c, CallFailed) and c.agent == "judge")
+            for c in children
+        )
 
     @on(TurnCommitted)
     def commit(self, msg: TurnCommitted) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from ._message import Message
@@ -74,6 +74,13 @@ class Agent:
     await (and whose state changes are synchronous) may raise it, so that, say, a tree search's
     simulations of one conversation run side by side; handlers then *start* in mailbox order."""
 
+    outcomes: ClassVar[tuple[type[Message], ...]] = ()
+    """What this agent's ``async`` handlers publish in answer to a message (with ``causation``
+    set to that message's id). State lives in synchronous handlers; async handlers do the work
+    (model calls). A resumed run replays stored messages into the synchronous handlers only, and
+    re-delivers a stored message to the async handlers of an agent that :meth:`answered` it not:
+    the work that was in flight when the run stopped."""
+
     _handlers: ClassVar[tuple[tuple[type[Message], str, bool], ...]] = ()
     _dispatch_cache: ClassVar[dict[type[Message], tuple[tuple[str, bool], ...]]]
 
@@ -120,6 +127,12 @@ class Agent:
             )
             cls._dispatch_cache[msg_type] = names
             return names
+
+    def answered(self, msg: Message, children: Iterable[Message]) -> bool:
+        """Whether this agent's async handlers finished ``msg``, given the stored messages
+        ``children`` caused by it. The default: one of them is one of :attr:`outcomes`.
+        Override it when a failure report counts as an answer too."""
+        return any(isinstance(child, self.outcomes) for child in children)
 
     def publish(self, msg: Message, *, topic: str = "") -> None:
         """Publish a message on this agent's runtime (never blocks)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container, Iterable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -26,6 +26,24 @@ Observer = Callable[[Message], Awaitable[None] | None]
 _FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
 
 
+class _Redo:
+    """A stored message queued again for an agent's async handlers only (see Runtime.redo)."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: Message) -> None:
+        self.msg = msg
+
+
+class _Replay:
+    __slots__ = ("fresh", "known", "suppressed")
+
+    def __init__(self, known: Container[str]) -> None:
+        self.known = known
+        self.fresh: list[tuple[Message, str]] = []
+        self.suppressed = 0
+
+
 def _bind(msg: Message) -> None:
     bind_contextvars(
         campaign=msg.campaign, conversation=msg.conversation, turn=msg.turn, attempt=msg.attempt
@@ -44,13 +62,13 @@ class _Mailbox:
         self.agent = agent
         self.callback = callback
         self.critical = critical
-        self.queue: deque[Message] = deque()
+        self.queue: deque[Message | _Redo] = deque()
         self.wake: anyio.Event | None = None
         self.closed = False
 
 
 class _Subscription:
-    __slots__ = ("factory", "instances", "mailbox", "name", "scope", "topic", "types")
+    __slots__ = ("factory", "instances", "mailbox", "name", "replay", "scope", "topic", "types")
 
     def __init__(
         self,
@@ -61,8 +79,10 @@ class _Subscription:
         factory: Callable[[AgentId], Agent] | None = None,
         scope: Scope = "global",
         mailbox: _Mailbox | None = None,
+        replay: bool = False,
     ) -> None:
         self.name = name
+        self.replay = replay  # observers: also see replayed messages
         self.types = types
         self.topic = topic
         self.factory = factory
@@ -111,6 +131,7 @@ class Runtime:
         self._cancelled: set[str] = set()
         self._scopes: defaultdict[str, set[anyio.CancelScope]] = defaultdict(set)
         self._event_cls: Callable[[], anyio.Event] = anyio.Event
+        self._replay: _Replay | None = None
         self.published = 0
         self.dropped = 0
         self.failures = 0
@@ -203,14 +224,17 @@ class Runtime:
         types: tuple[type[Message], ...] = (Message,),
         topic: str | None = None,
         critical: bool = False,
+        replay: bool = False,
     ) -> None:
         """Attach an observer: a function called with each matching message, in order.
 
         The callback runs in its own task (one mailbox), so a slow observer delays only itself.
+        ``replay``: also receive the stored messages a resumed run replays (:meth:`replay`);
+        the event store must not (it has them), a progress display should.
         """
         self._check_name(name)
         mbox = _Mailbox(name, None, callback, critical)
-        self._add_sub(_Subscription(name, types, topic, mailbox=mbox))
+        self._add_sub(_Subscription(name, types, topic, mailbox=mbox, replay=replay))
         self._start(mbox)
 
     def _check_name(self, name: str) -> None:
@@ -229,13 +253,18 @@ class Runtime:
     # -- publishing ----------------------------------------------------------------------------
 
     def publish(self, msg: Message, *, topic: str = "") -> None:
-        """Queue a message for every matching subscriber. Never blocks; safe from any task."""
+        """Queue a message for every matching subscriber. Never blocks; safe from any task.
+
+        While :meth:`begin_replay` is in force, a message whose id is already stored is
+        dropped (it happened before) and any other is held until :meth:`end_replay`."""
+        if self._replay is not None:
+            if msg.id in self._replay.known:
+                self._replay.suppressed += 1
+            else:
+                self._replay.fresh.append((msg, topic))
+            return
         self.published += 1
-        routes = self._routes.get(type(msg))
-        if routes is None:
-            mro = type(msg).__mro__
-            routes = [s for s in self._subs if any(t in mro for t in s.types)]
-            self._routes[type(msg)] = routes
+        routes = self._route(msg)
         conv = msg.conversation
         for sub in routes:
             if sub.topic is not None and sub.topic != topic:
@@ -254,6 +283,95 @@ class Runtime:
             mbox.queue.append(msg)
             if mbox.wake is not None:
                 mbox.wake.set()
+
+    def _route(self, msg: Message) -> list[_Subscription]:
+        routes = self._routes.get(type(msg))
+        if routes is None:
+            mro = type(msg).__mro__
+            routes = [s for s in self._subs if any(t in mro for t in s.types)]
+            self._routes[type(msg)] = routes
+        return routes
+
+    def _instance(self, sub: _Subscription, conv: str) -> _Mailbox | None:
+        """The agent mailbox a message of ``conv`` goes to (spawned if needed); None for an
+        observer."""
+        if sub.mailbox is not None:
+            return sub.mailbox if sub.mailbox.agent is not None else None
+        key = conv if sub.scope == "conversation" else ""
+        return sub.instances.get(key) or self._spawn(sub, key)
+
+    def _queue(self, mbox: _Mailbox, entry: Message | _Redo) -> None:
+        if self._pending == 0:
+            self._idle = anyio.Event()
+        self._pending += 1
+        mbox.queue.append(entry)
+        if mbox.wake is not None:
+            mbox.wake.set()
+
+    # -- resuming from stored messages ---------------------------------------------------------
+
+    def begin_replay(self, known: Container[str]) -> None:
+        """Start replaying stored messages (ids in ``known``): see :meth:`replay`."""
+        if self._replay is not None:
+            raise RuntimeError("a replay is already in progress")
+        self._replay = _Replay(known)
+
+    def replay(self, msg: Message, *, topic: str = "") -> None:
+        """Bring every agent up to a stored message without doing its work again.
+
+        The message goes, now and in order, to the *synchronous* handlers of every matching
+        agent (where agents keep their state; instances are created as usual) and is queued
+        for observers subscribed with ``replay=True``. Async handlers (model calls) are not
+        run: :meth:`redo` re-delivers what was left unanswered. What agents publish meanwhile
+        is filtered as :meth:`publish` says. Replay stored messages in stored order: that is
+        the order every mailbox first saw them, so each agent makes the same decisions again.
+        """
+        if self._replay is None:
+            raise RuntimeError("call begin_replay() first")
+        for sub in self._route(msg):
+            if sub.topic is not None and sub.topic != topic:
+                continue
+            if sub.mailbox is not None and sub.mailbox.agent is None:
+                if sub.replay:
+                    self._queue(sub.mailbox, msg)
+                continue
+            mbox = self._instance(sub, msg.conversation)
+            assert mbox is not None and mbox.agent is not None
+            for handler, is_async in mbox.agent.dispatch(type(msg)):
+                if not is_async:
+                    getattr(mbox.agent, handler)(msg)
+
+    def end_replay(self) -> tuple[int, list[Message]]:
+        """Stop replaying; publish, in order, what agents published that was not stored (the
+        decisions the stopped run made but had not recorded). Returns (messages dropped as
+        already stored, messages published)."""
+        state, self._replay = self._replay, None
+        if state is None:
+            raise RuntimeError("no replay in progress")
+        for msg, topic in state.fresh:
+            self.publish(msg, topic=topic)
+        return state.suppressed, [msg for msg, _ in state.fresh]
+
+    def redo(self, msg: Message, children: Iterable[Message], *, topic: str = "") -> list[str]:
+        """Re-deliver a stored message to the async handlers of each agent that has not
+        :meth:`Agent.answered` it (given the stored messages it caused); returns their names.
+        Synchronous handlers are not run again (:meth:`replay` ran them)."""
+        done = list(children)
+        names: list[str] = []
+        if msg.conversation in self._cancelled:
+            return names
+        for sub in self._route(msg):
+            if sub.topic is not None and sub.topic != topic:
+                continue
+            if sub.mailbox is not None and sub.mailbox.agent is None:
+                continue
+            mbox = self._instance(sub, msg.conversation)
+            assert mbox is not None and mbox.agent is not None
+            agent = mbox.agent
+            if any(a for _, a in agent.dispatch(type(msg))) and not agent.answered(msg, done):
+                self._queue(mbox, _Redo(msg))
+                names.append(mbox.name)
+        return names
 
     def _spawn(self, sub: _Subscription, key: str) -> _Mailbox:
         assert sub.factory is not None
@@ -327,7 +445,7 @@ class Runtime:
                 with anyio.CancelScope(shield=True):
                     await agent.on_stop()
 
-    async def _next(self, mbox: _Mailbox) -> Message | None:
+    async def _next(self, mbox: _Mailbox) -> Message | _Redo | None:
         """The mailbox's next message, waiting for one; None once it is closed and empty."""
         while not mbox.queue:
             if mbox.closed:
@@ -348,20 +466,22 @@ class Runtime:
         bound: tuple[str, str, int, int] | None = None
         while True:
             if queue:
-                msg = queue.popleft()
+                entry = queue.popleft()
             else:
                 streak = 0
-                next_msg = await self._next(mbox)
-                if next_msg is None:
+                next_entry = await self._next(mbox)
+                if next_entry is None:
                     return
-                msg = next_msg
+                entry = next_entry
             try:
+                msg = entry.msg if type(entry) is _Redo else entry
+                assert isinstance(msg, Message)
                 # Re-bind the log context only when it changes (it costs microseconds).
                 where = (msg.campaign, msg.conversation, msg.turn, msg.attempt)
                 if where != bound:
                     bound = where
                     _bind(msg)
-                await self._deliver(mbox, msg)
+                await self._deliver(mbox, msg, redo=msg is not entry)
             finally:
                 self._done_one()
             streak += 1
@@ -377,7 +497,9 @@ class Runtime:
         # say) is there before any later message's handler starts, on every backend.
         agent = mbox.agent
         assert agent is not None
-        while (msg := await self._next(mbox)) is not None:
+        while (entry := await self._next(mbox)) is not None:
+            redo = type(entry) is _Redo
+            msg = entry.msg if isinstance(entry, _Redo) else entry
             if not any(is_async for _, is_async in agent.dispatch(type(msg))):
                 try:
                     _bind(msg)
@@ -386,17 +508,19 @@ class Runtime:
                     self._done_one()
                 continue
             await slots.acquire()
-            tg.start_soon(self._deliver_in_slot, mbox, msg, slots)
+            tg.start_soon(self._deliver_in_slot, mbox, msg, slots, redo)
 
-    async def _deliver_in_slot(self, mbox: _Mailbox, msg: Message, slots: anyio.Semaphore) -> None:
+    async def _deliver_in_slot(
+        self, mbox: _Mailbox, msg: Message, slots: anyio.Semaphore, redo: bool
+    ) -> None:
         try:
             _bind(msg)
-            await self._deliver(mbox, msg)
+            await self._deliver(mbox, msg, redo=redo)
         finally:
             slots.release()
             self._done_one()
 
-    async def _deliver(self, mbox: _Mailbox, msg: Message) -> None:
+    async def _deliver(self, mbox: _Mailbox, msg: Message, *, redo: bool = False) -> None:
         agent = mbox.agent
         handler = "__call__"
         try:
@@ -412,7 +536,7 @@ class Runtime:
             for handler, is_async in agent.dispatch(type(msg)):
                 if is_async:
                     await self._cancellable(msg.conversation, getattr(agent, handler)(msg))
-                else:
+                elif not redo:
                     getattr(agent, handler)(msg)
                 if msg.conversation in self._cancelled:
                     break
