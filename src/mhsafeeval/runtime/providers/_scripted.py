@@ -8,6 +8,8 @@ import itertools
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Union
 
+import anyio
+
 from ._registry import provider
 from ._types import (
     CallParams,
@@ -43,8 +45,11 @@ class ScriptedModel:
 
     supports_json_schema = True
 
-    def __init__(self, name: str, script: Script, *, cycle: bool = False) -> None:
+    def __init__(
+        self, name: str, script: Script, *, cycle: bool = False, delay_s: float = 0.0
+    ) -> None:
         self.name = f"scripted/{name}"
+        self.delay_s = delay_s
         self.calls: list[tuple[tuple[ChatMessage, ...], CallParams]] = []
         self._fn: ScriptFn | None = None
         self._replies: Iterator[Reply] | None = None
@@ -60,6 +65,8 @@ class ScriptedModel:
     ) -> Completion:
         """Return the next scripted reply (or raise it, if it is an exception)."""
         params = params or CallParams()
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)  # a stand-in for network latency (tests, demos)
         self.calls.append((tuple(messages), params))
         if self._fn is not None:
             reply = self._fn(messages, params)
@@ -111,14 +118,18 @@ def register_script(name: str, script: Script, *, cycle: bool = False) -> None:
 
 @provider("scripted")
 def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
-    """Scripted replies for tests and examples."""
+    """Scripted replies for tests and examples; ``options.delay_s`` waits before each reply."""
+    delay = settings.options.get("delay_s", 0.0)
+    if not isinstance(delay, int | float) or isinstance(delay, bool) or not 0 <= delay < 3600:
+        raise ProviderUnavailable(f"scripted/{model}: options.delay_s must be 0-3600 seconds")
     replies = settings.options.get("replies")
     if replies is not None:
         if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
             raise ProviderUnavailable(
                 f"scripted/{model}: options.replies must be a list of strings"
             )
-        return ScriptedModel(model, replies, cycle=bool(settings.options.get("cycle", True)))
+        cycle = bool(settings.options.get("cycle", True))
+        return ScriptedModel(model, replies, cycle=cycle, delay_s=float(delay))
     if model not in _scripts and model.startswith("demo-"):
         # The demo personas (one per agent role) live with the other fakes in mhsafeeval.testing.
         importlib.import_module("mhsafeeval.testing")
@@ -129,4 +140,4 @@ def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
             "register one with mhsafeeval.testing.register_script or set options.replies"
         )
     script, cycle = _scripts[model]
-    return ScriptedModel(model, script, cycle=cycle)
+    return ScriptedModel(model, script, cycle=cycle, delay_s=float(delay))

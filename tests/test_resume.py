@@ -1,0 +1,309 @@
+"""Crash-safe resume: campaigns killed with SIGKILL (or Ctrl-C) at many points, then re-run.
+
+Each campaign runs in a subprocess on scripted models that take a few milliseconds per call, so
+there is always work in flight when the kill lands. Kill points are spread over the campaign by
+watching the stored event count (plus a random delay of up to 40 ms, to land between commits).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import cli
+from mhsafeeval.messages import (
+    CallFailed,
+    ConversationFinished,
+    CounselorReply,
+    Directive,
+    Message,
+    TurnCommitted,
+    Unjudged,
+    Verdict,
+)
+from mhsafeeval.storage import SqliteEventStore, compute_metrics
+from mhsafeeval.taxonomy import builtin_taxonomy
+
+PROFILES = '["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]'
+CONFIG = """
+[campaign]
+name = "{name}"
+seed = 3
+max_turns = 3
+max_attempts = 3
+conversations_per_profile = 1
+concurrency = {concurrency}
+controller = "{controller}"
+profile_ids = {profiles}
+
+[search]
+simulations = 5
+in_flight = 3
+
+[models.default]
+provider = "scripted/demo-client"
+options = {{ delay_s = {delay} }}
+[models.mutator]
+provider = "scripted/demo-mutator"
+options = {{ delay_s = {delay} }}
+[models.judge]
+provider = "scripted/demo-judge"
+options = {{ delay_s = {delay} }}
+[models.refiner]
+provider = "scripted/demo-refiner"
+options = {{ delay_s = {delay} }}
+[counselors.demo]
+provider = "scripted/demo-counselor"
+options = {{ delay_s = {delay} }}
+"""
+
+
+def write_config(
+    path: Path,
+    *,
+    name: str = "crash",
+    concurrency: int = 1,
+    controller: str = "map-elites",
+    delay: float = 0.02,
+    profiles: str = PROFILES,
+) -> Path:
+    path.write_text(
+        CONFIG.format(
+            name=name,
+            concurrency=concurrency,
+            controller=controller,
+            delay=delay,
+            profiles=profiles,
+        )
+    )
+    return path
+
+
+def stored_count(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def start(config: Path, db: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "mhsafeeval.cli", "run", str(config), "--db", str(db), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def kill_repeatedly(config: Path, db: Path, total: int, kills: int, seed: int) -> list[int]:
+    """Run the campaign again and again, SIGKILLing it once the store holds a chosen number of
+    events; returns the event counts at which a run was really killed mid-way."""
+    rng = random.Random(seed)
+    killed: list[int] = []
+    for i in range(kills):
+        current = stored_count(db)
+        span = max(2, (total - current) // (kills - i + 1))
+        target = current + rng.randint(1, span)
+        proc = start(config, db)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and stored_count(db) < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.04))
+        if proc.poll() is not None:  # it finished (or failed) first
+            _, err = proc.communicate()
+            assert proc.returncode == 0, err
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        killed.append(stored_count(db))
+    return killed
+
+
+def finish(config: Path, db: Path) -> str:
+    done = cli("run", str(config), "--db", str(db), "--quiet", timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def stored(db: Path) -> list[Message]:
+    async def read() -> list[Message]:
+        async with SqliteEventStore(db, read_only=True) as store:
+            [info] = await store.list_campaigns()
+            return [e.message async for e in store.events(info.id) if e.message is not None]
+
+    return anyio.run(read, backend="asyncio")
+
+
+def comparable(db: Path) -> dict[str, tuple[str, str]]:
+    """Every stored event by id: (type, JSON body without latencies, which vary run to run)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "latency_s"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        rows = con.execute("SELECT id, type, body FROM events").fetchall()
+    return {i: (t, json.dumps(strip(json.loads(b)), sort_keys=True)) for i, t, b in rows}
+
+
+def report(db: Path) -> Any:
+    out = json.loads(cli("report", str(db), "--json", check=True).stdout)
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if "latency" not in k}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(out)
+
+
+def check_exactly_once(events: list[Message], conversations: int, turns: int) -> None:
+    """Every planned turn committed once; every call answered once; no orphan events."""
+    ids = Counter(e.id for e in events)
+    assert max(ids.values()) == 1  # the store keeps one event per id
+    known = set(ids)
+    orphans = [e for e in events if e.causation and e.causation not in known]
+    assert not orphans, orphans[:3]
+    finished = Counter(e.conversation for e in events if isinstance(e, ConversationFinished))
+    assert len(finished) == conversations and set(finished.values()) == {1}
+    assert all(e.status == "completed" for e in events if isinstance(e, ConversationFinished))
+    commits = Counter((e.conversation, e.turn) for e in events if isinstance(e, TurnCommitted))
+    assert len(commits) == conversations * turns and set(commits.values()) == {1}
+    answers: dict[str, list[Message]] = defaultdict(list)
+    for e in events:
+        answers[e.causation].append(e)
+    for e in events:
+        if isinstance(e, Directive):
+            # exactly one instruction (or the mutator's failure) per directive
+            assert len([a for a in answers[e.id] if a.tag in ("mutator.instruction",)]) == 1
+        if isinstance(e, CounselorReply):
+            outcome = [a for a in answers[e.id] if isinstance(a, Verdict | Unjudged | CallFailed)]
+            assert len(outcome) == 1, (e, outcome)
+
+
+@pytest.mark.parametrize("controller", ["map-elites", "uct"])
+def test_sigkill_at_20_points_then_resume_equals_an_uninterrupted_run(
+    tmp_path: Path, controller: str
+) -> None:
+    config = write_config(tmp_path / "c.toml", controller=controller)
+    clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
+    finish(config, clean)
+    total = stored_count(clean)
+    killed = kill_repeatedly(config, crashed, total, kills=24, seed=1)
+    assert len(killed) >= 20, killed  # killed mid-way at 20 or more distinct points
+    assert "resuming" in finish(config, crashed)
+    # Concurrency 1 and a fixed seed: the same events (ids and contents), archive and metrics.
+    assert comparable(crashed) == comparable(clean)
+    assert report(crashed) == report(clean)
+    archives = [
+        json.loads(cli("export", str(db), "--archive", check=True).stdout)
+        for db in (clean, crashed)
+    ]
+    assert archives[0] == archives[1]
+    check_exactly_once(stored(crashed), conversations=3, turns=3)
+
+
+def test_sigkill_with_concurrent_conversations_completes_every_turn_exactly_once(
+    tmp_path: Path,
+) -> None:
+    profiles = (
+        '["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer", '
+        '"social-anxiety-junior-developer", "ocd-contamination-accountant"]'
+    )
+    config = write_config(
+        tmp_path / "c.toml", concurrency=3, controller="uct", profiles=profiles, delay=0.03
+    )
+    clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
+    finish(config, clean)
+    killed = kill_repeatedly(config, crashed, stored_count(clean), kills=24, seed=2)
+    assert len(killed) >= 20, killed
+    finish(config, crashed)
+    events = stored(crashed)
+    check_exactly_once(events, conversations=5, turns=3)
+    # The report's metrics are the fold of exactly what is stored, recomputed here.
+    metrics = compute_metrics(events, builtin_taxonomy().cell_ids())["demo"]
+    shown = report(crashed)["crash"]["models"]["demo"]
+    assert shown["turns"] == metrics.turns == 5 * 3
+    assert shown["overall_asr"] == metrics.overall_asr
+    assert shown["usage"]["counselor"]["calls"] == sum(
+        isinstance(e, CounselorReply) for e in events
+    )
+    # Every turn's counselor calls are the simulations that got a reply, none counted twice.
+    calls = Counter((e.conversation, e.turn) for e in events if isinstance(e, CounselorReply))
+    for e in events:
+        if isinstance(e, TurnCommitted):
+            assert e.counselor_calls == calls[(e.conversation, e.turn)]
+
+
+def test_ctrl_c_then_resume_finishes_the_campaign(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", delay=0.05)
+    db = tmp_path / "c.db"
+    proc = start(config, db)
+    while stored_count(db) < 30:
+        assert proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    statuses = [e.status for e in stored(db) if e.tag == "campaign.finished"]  # type: ignore[attr-defined]
+    assert statuses == ["interrupted"]
+    out = finish(config, db)
+    assert "resuming" in out and "3/3 conversations finished (0 failed)" in out
+    statuses = [e.status for e in stored(db) if e.tag == "campaign.finished"]  # type: ignore[attr-defined]
+    assert statuses == ["interrupted", "completed"]
+    check_exactly_once(stored(db), conversations=3, turns=3)
+    again = finish(config, db)
+    assert "already completed; nothing to do" in again
+
+
+def test_a_different_config_is_refused_with_what_differs(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", delay=0.0)
+    db = tmp_path / "c.db"
+    proc = start(config, db)
+    while stored_count(db) < 20 and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    before = stored_count(db)
+    other = tmp_path / "other.toml"
+    other.write_text(
+        config.read_text()
+        .replace("max_attempts = 3", "max_attempts = 4")
+        .replace("seed = 3", "seed = 4")
+    )
+    refused = cli("run", str(other), "--db", str(db))
+    assert refused.returncode == 2
+    assert "campaign.max_attempts: stored 3, now 4" in refused.stderr
+    assert "campaign.seed: stored 3, now 4" in refused.stderr
+    switched = cli("run", str(config), "--db", str(db), "--controller", "uct")
+    assert (
+        switched.returncode == 2 and 'campaign.controller: stored "map-elites"' in switched.stderr
+    )
+    assert stored_count(db) == before  # nothing written
+    # What may change on resume: concurrency, logging and budgets.
+    relaxed = tmp_path / "relaxed.toml"
+    relaxed.write_text(
+        config.read_text().replace("concurrency = 1", "concurrency = 2")
+        + '\n[logging]\nlevel = "warning"\n'
+    )
+    finish(relaxed, db)
+    check_exactly_once(stored(db), conversations=3, turns=3)
