@@ -307,3 +307,35 @@ def test_a_different_config_is_refused_with_what_differs(tmp_path: Path) -> None
     )
     finish(relaxed, db)
     check_exactly_once(stored(db), conversations=3, turns=3)
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+def test_budget_stop_exits_3_and_a_larger_limit_continues_the_campaign(tmp_path: Path) -> None:
+    base = write_config(tmp_path / "c.toml", delay=0.0)
+    clean, db = tmp_path / "clean.db", tmp_path / "c.db"
+    finish(base, clean)
+    limited = tmp_path / "limited.toml"
+    limited.write_text(base.read_text() + "\n[budget]\ncounselor_calls = 10\n")
+    first = cli("run", str(limited), "--db", str(db), "--quiet")
+    assert first.returncode == 3, first.stderr
+    assert "stopped: budget.counselor_calls reached (10 counselor calls of 10" in first.stderr
+    assert "raise the limit in [budget] and run the same command to continue" in first.stderr
+    events = stored(db)
+    assert sum(isinstance(e, CounselorReply) for e in events) == 10  # not one call more
+    again = cli("run", str(limited), "--db", str(db), "--quiet")
+    assert again.returncode == 3 and "0 events written" in again.stderr  # nothing new starts
+    more = tmp_path / "more.toml"
+    more.write_text(base.read_text() + "\n[budget]\ncounselor_calls = 1000\ntokens = 10000000\n")
+    assert "resuming" in finish(more, db)
+    # The same campaign as an uninterrupted run, plus the record of the stop.
+    done, reference = comparable(db), comparable(clean)
+    extra = {i: t for i, (t, _) in done.items() if i not in reference}
+    assert sorted(extra.values()) == ["campaign.finished"]
+    assert {i: v for i, v in done.items() if i in reference and v[0] != "campaign.started"} == {
+        i: v for i, v in reference.items() if v[0] != "campaign.started"
+    }
+    shown, expected = report(db)["crash"], report(clean)["crash"]
+    assert shown["events"] == expected["events"] + 1  # the stop record
+    assert shown["models"] == expected["models"]

@@ -28,6 +28,7 @@ from mhsafeeval.agents import (
     builtin_profiles,
     load_profiles,
 )
+from mhsafeeval.budget import Budget, BudgetedModel, check_prices
 from mhsafeeval.config import Config, canonical_config, check_runnable, config_differences
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import JUDGES
@@ -43,6 +44,7 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
 from mhsafeeval.runtime.providers import (
+    ModelClient,
     ModelSettings,
     ProviderUnavailable,
     ResilientClient,
@@ -94,6 +96,10 @@ class CampaignResult(msgspec.Struct, kw_only=True):
     redone: int = 0
     """Stored messages whose unfinished work this run did again (the calls in flight when the
     previous run stopped)."""
+    budget: str | None = None
+    """The ``[budget]`` limit that stopped the run (status ``stopped_budget``), else None."""
+    spent: str = ""
+    """Counselor calls, tokens and USD spent by the whole campaign so far, against the limits."""
 
 
 class _Plan(msgspec.Struct, frozen=True):
@@ -348,6 +354,7 @@ async def run_campaign(
             of this name with another configuration (before any write).
     """
     plan = build_plan(config, source)
+    check_prices(config, source)
     history = await _history(store, config, source)
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
@@ -375,11 +382,17 @@ async def run_campaign(
             clients[ident] = open_client(model)
         return clients[ident]
 
-    roles = {
+    budget = Budget(config.budget, history.messages if history is not None else ())
+    roles: dict[str, ModelClient] = {
         role: client_for(role, config.model_for(role))
         for role in ("client", "mutator", "judge", "refiner")
     }
-    counselors = {name: client_for(name, m) for name, m in config.counselors.items()}
+    counselors: dict[str, ModelClient] = {
+        name: client_for(name, m) for name, m in config.counselors.items()
+    }
+    if budget.limited:  # every call goes through the budget, counselor calls counted apart
+        roles = {r: BudgetedModel(m, budget, counselor=False) for r, m in roles.items()}
+        counselors = {n: BudgetedModel(m, budget, counselor=True) for n, m in counselors.items()}
     for observer in observers:  # a progress display reads retry counts from the clients
         attach = getattr(observer, "attach_clients", None)
         if attach is not None:
@@ -404,6 +417,19 @@ async def run_campaign(
             failed=failed,
             events_written=0,
             resumed_from=resumed_from,
+        )
+    if budget.reached is not None:  # the stored part already spent a limit: start nothing
+        done = history.finished if history is not None else {}
+        return CampaignResult(
+            campaign=c.name,
+            status="stopped_budget",
+            conversations=len(specs),
+            finished=len(done),
+            failed=sum(status != "completed" for status in done.values()),
+            events_written=0,
+            resumed_from=resumed_from,
+            budget=budget.reached,
+            spent=budget.spent(),
         )
     await store.register_campaign(c.name, canonical_config(config))
     scheduler = Scheduler(
@@ -476,7 +502,14 @@ async def run_campaign(
                     )
                 )
             scheduler.attach(rt)
-            await scheduler.done.wait()
+            await _first(scheduler.done, budget.stop)
+            if not scheduler.done.is_set():
+                # A limit was reached: no call starts any more. Let the calls in flight finish
+                # (up to a minute) and their messages reach the store, then stop everything.
+                with anyio.move_on_after(60):
+                    await budget.drained()
+                await rt.observers_caught_up()
+                raise _BudgetReached(budget.reached or "budget")
             await rt.run_until_idle()
             status = "completed" if scheduler.failed == 0 else "completed_with_failures"
             rt.publish(
@@ -489,17 +522,29 @@ async def run_campaign(
             )
             await rt.run_until_idle()
     except BaseException as exc:
-        with anyio.CancelScope(shield=True):  # Ctrl-C or a crash: say so in the record
-            await store.append(
-                CampaignFinished(
-                    campaign=c.name,
-                    # Not "finish": a resumed run still records how it ends.
-                    key=f"stopped:{resumed_from}+{store.stats.appended}",
-                    status="interrupted" if not isinstance(exc, Exception) else "failed",
-                    detail=f"{type(exc).__name__}: {exc}"[:500],
+        if _is_budget_stop(exc):  # stopped cleanly at a limit: recorded, not an error
+            status = "stopped_budget"
+            with anyio.CancelScope(shield=True):
+                await store.append(
+                    CampaignFinished(
+                        campaign=c.name,
+                        key=f"stopped:{resumed_from}+{store.stats.appended}",
+                        status=status,
+                        detail=f"{budget.reached} reached: {budget.spent()}",
+                    )
                 )
-            )
-        raise
+        else:
+            with anyio.CancelScope(shield=True):  # Ctrl-C or a crash: say so in the record
+                await store.append(
+                    CampaignFinished(
+                        campaign=c.name,
+                        # Not "finish": a resumed run still records how it ends.
+                        key=f"stopped:{resumed_from}+{store.stats.appended}",
+                        status="interrupted" if not isinstance(exc, Exception) else "failed",
+                        detail=f"{type(exc).__name__}: {exc}"[:500],
+                    )
+                )
+            raise
     finally:
         with anyio.CancelScope(shield=True):
             for model in clients.values():
@@ -514,7 +559,31 @@ async def run_campaign(
         events_written=store.stats.written,
         resumed_from=resumed_from,
         redone=redone,
+        budget=budget.reached,
+        spent=budget.spent(),
     )
+
+
+class _BudgetReached(Exception):
+    """Raised inside the runtime to cancel what is in flight when a budget limit is reached."""
+
+
+def _is_budget_stop(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):  # the runtime's task group wraps it
+        return all(_is_budget_stop(e) for e in exc.exceptions)
+    return isinstance(exc, _BudgetReached)
+
+
+async def _first(*events: anyio.Event) -> None:
+    """Return as soon as any of ``events`` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
 
 
 def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:

@@ -19,6 +19,7 @@ __all__ = ["main"]
 
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_BUDGET = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -266,6 +267,15 @@ async def _run(args: argparse.Namespace) -> int:
             f"{getattr(finished, 'detail', '')}",
             file=sys.stderr,
         )
+    if result.status == "stopped_budget":
+        print(
+            f"mhsafeeval: stopped: {result.budget} reached ({result.spent}); "
+            f"{result.conversations - result.finished} conversation(s) unfinished. Everything "
+            f"so far is stored in {db}: raise the limit in [budget] and run the same command "
+            "to continue",
+            file=sys.stderr,
+        )
+        return EXIT_BUDGET
     return 0 if result.failed == 0 else 1
 
 

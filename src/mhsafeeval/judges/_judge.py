@@ -22,7 +22,7 @@ from mhsafeeval.runtime.providers import (
     CallParams,
     ModelCallError,
     ModelClient,
-    ResilientClient,
+    ModelSettings,
     StructuredOutputError,
     complete_structured,
 )
@@ -219,6 +219,7 @@ class RubricJudge(Agent):
 
 def _sampling(model: ModelClient) -> CallParams:
     # Greedy by default; a temperature written in the model's settings is a deliberate choice.
-    if isinstance(model, ResilientClient) and model.settings.temperature is not None:
+    settings = getattr(model, "settings", None)  # a ResilientClient's, or a wrapper's
+    if isinstance(settings, ModelSettings) and settings.temperature is not None:
         return CallParams()
     return CallParams(temperature=0.0)

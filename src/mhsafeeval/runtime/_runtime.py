@@ -394,6 +394,15 @@ class Runtime:
             await self._idle.wait()
         await anyio.lowlevel.checkpoint()
 
+    async def observers_caught_up(self) -> None:
+        """Return once every observer has taken every message queued for it so far (e.g. the
+        event store has been handed everything), even while agents are still busy."""
+        observers = [s.mailbox for s in self._subs if s.mailbox and s.mailbox.agent is None]
+        # Observer queues have no event of their own; this polls, once, when a run stops.
+        while any(mbox.queue for mbox in observers):  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+        await anyio.lowlevel.checkpoint()
+
     @property
     def pending(self) -> int:
         """Messages queued or being handled."""

@@ -1,0 +1,170 @@
+"""Campaign budgets: limits on counselor calls, tokens and estimated USD (``[budget]``).
+
+A :class:`Budget` starts from what the stored part of a campaign already spent (so a resumed
+run counts everything) and sits in front of every model call through :class:`BudgetedModel`:
+a call starts only while every limit has room (a counselor call reserves its place, so at most
+``counselor_calls`` counselor calls are ever made); tokens and cost are added as answers come
+back, so those two limits may be overshot by the calls in flight when they are reached. Once a
+limit is reached no call starts again: calls wait, the campaign stops cleanly (calls in flight
+are cancelled and redone on resume) and says which limit stopped it. USD comes from litellm's
+price map (:mod:`mhsafeeval.costs`); local and scripted models cost 0, and a USD limit with a
+model the map cannot price is refused before the run starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import anyio
+
+from mhsafeeval.config import BudgetSection, Config
+from mhsafeeval.errors import InputError
+from mhsafeeval.messages import CallFailed, CounselorReply, Message, Usage
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelClient,
+)
+
+__all__ = ["Budget", "BudgetedModel", "check_prices"]
+
+
+def _cost(model: str, prompt: int, completion: int) -> float:
+    from mhsafeeval.costs import model_cost
+
+    return model_cost(model, prompt, completion) or 0.0
+
+
+def check_prices(config: Config, source: str | Path) -> None:
+    """A USD limit needs a price for every model: raise InputError naming one without."""
+    if config.budget.usd is None:
+        return
+    from mhsafeeval.costs import model_cost
+
+    tables = [(f"models.{n}", m) for n, m in config.models.items()]
+    tables += [(f"counselors.{n}", m) for n, m in config.counselors.items()]
+    for where, model in tables:
+        if model_cost(model.provider, 1000, 1000) is None:
+            raise InputError(
+                source,
+                "budget.usd",
+                f"{model.provider} ({where}) has no price in litellm's price map, so a USD "
+                "limit cannot be enforced; limit calls or tokens instead",
+            )
+
+
+class Budget:
+    """What a campaign may still spend, shared by every model call of the run."""
+
+    def __init__(self, limits: BudgetSection, history: Iterable[Message] = ()) -> None:
+        self.limits = limits
+        self.counselor_calls = 0
+        self.tokens = 0
+        self.usd = 0.0
+        self.in_flight = 0
+        self.reached: str | None = None
+        """Which limit stopped the campaign (None: none yet)."""
+        self.stop = anyio.Event()
+        self._idle: anyio.Event | None = None
+        for msg in history:
+            usage: Usage | None = getattr(msg, "usage", None)
+            if usage is not None:
+                self.tokens += usage.prompt_tokens + usage.completion_tokens
+                self.usd += _cost(usage.model, usage.prompt_tokens, usage.completion_tokens)
+                if isinstance(msg, CounselorReply):
+                    self.counselor_calls += usage.calls
+            elif isinstance(msg, CounselorReply):
+                self.counselor_calls += 1
+            if isinstance(msg, CallFailed) and msg.agent == "counselor":
+                self.counselor_calls += 1
+        self._check()
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set."""
+        b = self.limits
+        return b.counselor_calls is not None or b.tokens is not None or b.usd is not None
+
+    def spent(self) -> str:
+        """What was spent so far, against the limits, in one line."""
+        b = self.limits
+        parts = [
+            f"{self.counselor_calls} counselor calls"
+            + (f" of {b.counselor_calls}" if b.counselor_calls is not None else ""),
+            f"{self.tokens:,} tokens" + (f" of {b.tokens:,}" if b.tokens is not None else ""),
+            f"${self.usd:.4f}" + (f" of ${b.usd:.4f}" if b.usd is not None else ""),
+        ]
+        return ", ".join(parts)
+
+    def _check(self) -> None:
+        if self.reached is not None:
+            return
+        b = self.limits
+        if b.counselor_calls is not None and self.counselor_calls >= b.counselor_calls:
+            self.reached = "budget.counselor_calls"
+        elif b.tokens is not None and self.tokens >= b.tokens:
+            self.reached = "budget.tokens"
+        elif b.usd is not None and self.usd >= b.usd:
+            self.reached = "budget.usd"
+        if self.reached is not None:
+            self.stop.set()
+
+    async def admit(self, counselor: bool) -> None:
+        """Wait for room to start a call: returns at once while no limit is reached, never
+        after (the campaign cancels the waiting calls when it stops)."""
+        if self.reached is not None:
+            await anyio.sleep_forever()
+        if counselor:
+            self.counselor_calls += 1  # reserved now: concurrent calls cannot overshoot
+            b = self.limits
+            if b.counselor_calls is not None and self.counselor_calls >= b.counselor_calls:
+                self.reached = "budget.counselor_calls"  # this call is the last one allowed
+                self.stop.set()
+        self.in_flight += 1
+
+    def settle(self, completion: Completion | None) -> None:
+        """Count a call's answer (None: it failed or was cancelled)."""
+        self.in_flight -= 1
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+        if completion is not None:
+            self.tokens += completion.prompt_tokens + completion.completion_tokens
+            self.usd += _cost(
+                completion.model, completion.prompt_tokens, completion.completion_tokens
+            )
+        self._check()
+
+    async def drained(self) -> None:
+        """Return once no admitted call is still running."""
+        while self.in_flight:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+
+class BudgetedModel:
+    """A model client whose calls go through a :class:`Budget` (same interface otherwise)."""
+
+    def __init__(self, inner: ModelClient, budget: Budget, *, counselor: bool) -> None:
+        self.inner = inner
+        self.budget = budget
+        self.counselor = counselor
+        self.name = inner.name
+        self.supports_json_schema = inner.supports_json_schema
+        self.settings = getattr(inner, "settings", None)
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], params: CallParams | None = None
+    ) -> Completion:
+        """Call the inner model once the budget admits it."""
+        await self.budget.admit(self.counselor)
+        done: Completion | None = None
+        try:
+            done = await self.inner.complete(messages, params)
+            return done
+        finally:
+            self.budget.settle(done)
+
+    async def aclose(self) -> None:
+        """The inner client is closed by whoever opened it."""

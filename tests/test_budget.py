@@ -1,0 +1,131 @@
+"""Budgets in-process: exact counselor-call limits, token limits under concurrency, USD."""
+
+from __future__ import annotations
+
+import pytest
+
+from mhsafeeval.budget import Budget, BudgetedModel
+from mhsafeeval.campaign import run_campaign
+from mhsafeeval.config import BudgetSection, parse_config
+from mhsafeeval.errors import InputError
+from mhsafeeval.messages import CampaignFinished, CounselorReply, Message, Usage
+from mhsafeeval.runtime.providers import ChatMessage, Completion, ModelSettings, open_model
+from mhsafeeval.storage import MemoryEventStore
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = """
+[campaign]
+name = "budget"
+seed = 2
+max_turns = 3
+max_attempts = 3
+concurrency = {concurrency}
+controller = "{controller}"
+profile_ids = ["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]
+
+[models.default]
+provider = "scripted/demo-client"
+[models.mutator]
+provider = "scripted/demo-mutator"
+[models.judge]
+provider = "scripted/demo-judge"
+[models.refiner]
+provider = "scripted/demo-refiner"
+[counselors.demo]
+provider = "scripted/demo-counselor"
+{budget}
+"""
+
+
+def config(budget: str = "", concurrency: int = 1, controller: str = "map-elites"):  # type: ignore[no-untyped-def]
+    text = CONFIG.format(budget=budget, concurrency=concurrency, controller=controller)
+    return parse_config(text, "budget.toml")
+
+
+async def events(store: MemoryEventStore) -> list[Message]:
+    return [e.message async for e in store.events("budget") if e.message is not None]
+
+
+def tokens(msgs: list[Message]) -> int:
+    used = [getattr(m, "usage", None) for m in msgs]
+    return sum(u.prompt_tokens + u.completion_tokens for u in used if isinstance(u, Usage))
+
+
+async def test_counselor_calls_stop_exactly_at_the_limit_under_concurrency() -> None:
+    for concurrency, controller in [(1, "map-elites"), (3, "uct")]:
+        async with MemoryEventStore() as store:
+            cfg = config("[budget]\ncounselor_calls = 7", concurrency, controller)
+            result = await run_campaign(cfg, store)
+            assert result.status == "stopped_budget"
+            assert result.budget == "budget.counselor_calls"
+            stored = await events(store)
+            assert sum(isinstance(e, CounselorReply) for e in stored) == 7
+            [stop] = [e for e in stored if isinstance(e, CampaignFinished)]
+            assert stop.status == "stopped_budget"
+            assert "budget.counselor_calls reached: 7 counselor calls of 7" in stop.detail
+
+
+async def test_a_token_limit_stops_the_run_and_a_larger_one_resumes_it() -> None:
+    async with MemoryEventStore() as reference:
+        await run_campaign(config(), reference)
+        full = await events(reference)
+    total = tokens(full)
+    async with MemoryEventStore() as store:
+        result = await run_campaign(config(f"[budget]\ntokens = {total // 3}"), store)
+        assert result.status == "stopped_budget" and result.budget == "budget.tokens"
+        spent = tokens(await events(store))
+        assert total // 3 <= spent < total // 3 + 3000  # overshoot: the calls then in flight
+        result = await run_campaign(config(f"[budget]\ntokens = {total * 2}"), store)
+        assert result.status == "completed" and result.resumed_from > 0
+        resumed = await events(store)
+    same = {m.id for m in full}
+    assert {m.id for m in resumed} - same == {
+        m.id for m in resumed if isinstance(m, CampaignFinished) and m.status == "stopped_budget"
+    }
+    assert same <= {m.id for m in resumed}
+
+
+async def test_the_budget_counts_what_was_stored_before() -> None:
+    async with MemoryEventStore() as store:
+        await run_campaign(config(), store)
+        done = await events(store)
+    budget = Budget(BudgetSection(counselor_calls=len(done)), done)
+    assert budget.counselor_calls == sum(isinstance(e, CounselorReply) for e in done)
+    assert budget.tokens == tokens(done)
+    assert budget.reached is None
+    assert Budget(BudgetSection(tokens=budget.tokens), done).reached == "budget.tokens"
+
+
+async def test_usd_is_priced_from_litellm_and_an_unpriced_model_is_refused() -> None:
+    budget = Budget(BudgetSection(usd=0.001))
+    async with open_model(ModelSettings(provider="scripted/echo")) as echo:
+        model = BudgetedModel(echo, budget, counselor=True)
+        await model.complete([ChatMessage("user", "hello")])
+    assert budget.usd == 0.0 and budget.counselor_calls == 1  # scripted models are free
+    await budget.admit(False)
+    priced = Completion(
+        text="x",
+        finish_reason="stop",
+        prompt_tokens=10_000,
+        completion_tokens=10_000,
+        model="litellm/openai/gpt-4o-mini",
+    )
+    budget.settle(priced)
+    assert budget.usd > 0.001 and budget.reached == "budget.usd"
+    text = CONFIG.format(budget="[budget]\nusd = 1.0", concurrency=1, controller="map-elites")
+    text = text.replace(
+        'provider = "scripted/demo-counselor"', 'provider = "litellm/openai/no-such-model-xyz"'
+    )
+    with pytest.raises(InputError) as info:
+        async with MemoryEventStore() as store:
+            await run_campaign(parse_config(text, "budget.toml"), store)
+    assert info.value.field == "budget.usd"
+    assert "no price" in str(info.value)
+
+
+def test_budget_values_are_validated() -> None:
+    for bad in ("counselor_calls = 0", "tokens = -5", "usd = 0.0"):
+        with pytest.raises(InputError) as info:
+            config(f"[budget]\n{bad}")
+        assert info.value.field is not None and info.value.field.startswith("budget.")
