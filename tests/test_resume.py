@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
+from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
 from helpers import cli
 from mhsafeeval.messages import (
     CallFailed,
@@ -339,3 +340,43 @@ def test_budget_stop_exits_3_and_a_larger_limit_continues_the_campaign(tmp_path:
     shown, expected = report(db)["crash"], report(clean)["crash"]
     assert shown["events"] == expected["events"] + 1  # the stop record
     assert shown["models"] == expected["models"]
+
+
+# --- failed conversations -----------------------------------------------------------------------
+
+
+def test_conversations_that_failed_are_retried_on_resume(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    """A hosted counselor that is down: its conversations fail (exit 1, each named); once it is
+    back, the same command retries the turn each failed in, through the real litellm path."""
+    import os
+
+    fake_openai.default = Reply.error(503)
+    config = write_config(tmp_path / "c.toml", delay=0.0)
+    config.write_text(
+        config.read_text() + '\n[counselors.hosted]\nprovider = "litellm/openai/fake-model"\n'
+        f'api_base = "{fake_openai.url}/v1"\napi_key_env = "MHS_FAKE_KEY"\n'
+        "max_attempts = 1\nbreaker_threshold = 2\ntimeout = 10.0\n"
+    )
+    db = tmp_path / "c.db"
+    env = {**os.environ, "MHS_FAKE_KEY": "sk-test-fake-0000000000"}
+    down = cli("run", str(config), "--db", str(db), "--quiet", env=env, timeout=300)
+    assert down.returncode == 1, down.stderr[-3000:]
+    named = [line for line in down.stderr.splitlines() if "did not complete" in line]
+    assert len(named) == 3 and all("/hosted/" in line for line in named)
+    failures = sum(e.tag == "call.failed" for e in stored(db))
+    assert failures > 0
+    fake_openai.default = Reply.chat()  # the provider is back (it echoes the client)
+    back = cli("run", str(config), "--db", str(db), "--quiet", env=env, timeout=300)
+    assert back.returncode == 0, back.stderr[-3000:]
+    assert "6/6 conversations finished (0 failed)" in back.stderr
+    events = stored(db)
+    check_exactly_once(events, conversations=6, turns=3)
+    assert not any(e.tag == "call.failed" for e in events)  # the failed turns were redone
+
+    async def moved() -> int:
+        async with SqliteEventStore(db, read_only=True) as store:
+            return await store.superseded("crash")
+
+    assert anyio.run(moved, backend="asyncio") >= failures  # kept aside, not deleted

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, on
@@ -368,3 +369,101 @@ async def test_an_agent_may_opt_in_to_concurrent_handlers() -> None:
             await rt.run_until_idle()
     assert agent.started == list(range(9))  # started in mailbox order
     assert agent.peak == 4  # never more than it asked for
+
+
+# -- replay and redo (resume) -------------------------------------------------------------------
+
+
+class Task(Message, frozen=True, tag="test.replay.task"):
+    n: int = 0
+
+
+class Done(Message, frozen=True, tag="test.replay.done"):
+    n: int = 0
+
+
+class Worker(Agent):
+    """State in a sync handler, work (and its answer) in an async one."""
+
+    outcomes = (Done,)
+    seen: list[int]
+    worked: list[int]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = []
+        self.worked = []
+
+    @on(Task)
+    def note(self, msg: Task) -> None:
+        self.seen.append(msg.n)
+
+    @on(Task)
+    async def work(self, msg: Task) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.worked.append(msg.n)
+        self.publish(Done(**msg.child_ids(), n=msg.n))
+
+
+class Planner(Agent):
+    """Decides the next task from what it saw (sync), like a search controller."""
+
+    @on(Done)
+    def next_task(self, msg: Done) -> None:
+        if msg.n < 3:
+            self.publish(Task(conversation=msg.conversation, turn=msg.n + 1, n=msg.n + 1))
+
+
+async def test_replay_rebuilds_state_and_redo_finishes_only_unanswered_work() -> None:
+    workers: dict[str, Worker] = {}
+
+    def make(aid: AgentId) -> Worker:
+        workers[aid.key] = Worker()
+        return workers[aid.key]
+
+    # What a stopped run stored: task 0 done, task 1 decided but never answered.
+    t0 = Task(conversation="c", turn=0, n=0)
+    d0 = Done(**t0.child_ids(), n=0)
+    t1 = Task(conversation="c", turn=1, n=1)
+    stored = [t0, d0, t1]
+    async with Runtime() as rt:
+        replayed = Recorder()
+        live = Recorder()
+        rt.subscribe(replayed, name="progress", replay=True)
+        rt.subscribe(live, name="store")
+        rt.register("worker", make, types=Worker.handled_types())
+        rt.add(Planner(), name="planner")
+        rt.begin_replay({m.id for m in stored})
+        for m in stored:
+            rt.replay(m)
+        assert workers["c"].seen == [0, 1] and workers["c"].worked == []  # no work redone
+        suppressed, fresh = rt.end_replay()
+        assert (suppressed, fresh) == (1, [])  # the planner's task 1 was already stored
+        children = {t0.id: [d0]}
+        redone = [rt.redo(m, children.get(m.id, ())) for m in stored]
+        assert redone == [[], [], ["worker[c]"]]  # only the unanswered task, only the worker
+        await rt.run_until_idle()
+    assert workers["c"].worked == [1, 2, 3]  # task 1 redone, then the run went on
+    assert workers["c"].seen == [0, 1, 2, 3]  # task 1's sync handler did not run twice
+    assert [m.tag for m in replayed.messages][:3] == [t0.tag, d0.tag, t1.tag]
+    assert [getattr(m, "n", None) for m in live.messages] == [1, 2, 2, 3, 3]
+
+
+async def test_decisions_missing_from_the_store_are_published_after_replay() -> None:
+    t0 = Task(conversation="c", turn=0, n=0)
+    d0 = Done(**t0.child_ids(), n=0)
+    async with Runtime() as rt:
+        worker = Worker()
+        rt.add(worker, name="worker")
+        rt.add(Planner(), name="planner")
+        rt.begin_replay({t0.id, d0.id})
+        with pytest.raises(RuntimeError, match="already"):
+            rt.begin_replay(set())
+        for m in (t0, d0):
+            rt.replay(m)
+        suppressed, fresh = rt.end_replay()  # the stopped run had decided task 1, not stored it
+        assert suppressed == 0 and [m.id for m in fresh] == [Task(conversation="c", turn=1).id]
+        await rt.run_until_idle()
+    assert worker.worked == [1, 2, 3]
+    with pytest.raises(RuntimeError, match="begin_replay"):
+        Runtime().replay(t0)

@@ -33,6 +33,7 @@ from mhsafeeval.config import Config, canonical_config, check_runnable, config_d
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import JUDGES
 from mhsafeeval.messages import (
+    ArchiveUpdated,
     CampaignFinished,
     CampaignStarted,
     ClientUtterance,
@@ -41,6 +42,7 @@ from mhsafeeval.messages import (
     CounselorReply,
     Message,
     TurnCommitted,
+    Verdict,
 )
 from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
 from mhsafeeval.runtime.providers import (
@@ -245,7 +247,45 @@ async def _history(store: EventStore, config: Config, source: str | Path) -> _Hi
             f"be resumed with this one ({shown}). Use the configuration it was started with, "
             "or a new --db or campaign.name",
         )
-    return _History([e.message async for e in store.events(name) if e.message is not None])
+    messages = [e.message async for e in store.events(name) if e.message is not None]
+    retry = _failed_turns(messages)
+    if retry:
+        moved = await store.supersede(name, {m.id for m in retry})
+        log.info("campaign.retrying_failed_turns", superseded=moved)
+        gone = {m.id for m in retry}
+        messages = [m for m in messages if m.id not in gone]
+    return _History(messages)
+
+
+def _failed_turns(messages: list[Message]) -> list[Message]:
+    """What to move aside so that each failed conversation retries the turn it failed in: that
+    turn's events and the conversation's (and, if it had one, the campaign's) end record.
+
+    Only a turn that changed nothing shared is retried: one without a verdict (the usual case:
+    no call of the turn got an answer, e.g. the provider was down). A failure after verdicts
+    (a crashed handler, say) stays as it is, since the archive already learnt from that turn.
+    """
+    failed = {
+        m.conversation: m.turn
+        for m in messages
+        if isinstance(m, ConversationFinished) and m.status == "failed"
+    }
+    if not failed:
+        return []
+    tails: dict[str, list[Message]] = {c: [] for c in failed}
+    for m in messages:
+        turn = failed.get(m.conversation)
+        if turn is not None and m.turn >= turn and not isinstance(m, ConversationStarted):
+            tails[m.conversation].append(m)
+    out = [
+        m
+        for tail in tails.values()
+        if not any(isinstance(m, Verdict | ArchiveUpdated) for m in tail)
+        for m in tail
+    ]
+    if out:
+        out += [m for m in messages if isinstance(m, CampaignFinished) and m.key == "finish"]
+    return out
 
 
 class Scheduler:

@@ -23,6 +23,9 @@ class CampaignReport(msgspec.Struct, kw_only=True):
     threshold: int
     events: int
     models: dict[str, ModelMetrics]
+    retried: int = 0
+    """Events of failed turns a resumed run moved aside to retry those turns (kept, not
+    counted in the metrics, which describe the retried history)."""
 
 
 async def load_report(
@@ -55,6 +58,7 @@ async def load_report(
                 threshold=threshold,
                 events=len(events),
                 models=compute_metrics(events, cells, threshold=threshold),  # type: ignore[arg-type]
+                retried=await store.superseded(name),
             )
         )
     return reports
@@ -78,6 +82,11 @@ def render_text(report: CampaignReport) -> str:
     lines = [
         f"campaign {report.campaign}  ({report.events} events, "
         f"success = severity >= {report.threshold})",
+        *(
+            [f"({report.retried} events of failed turns were kept aside when those were retried)"]
+            if report.retried
+            else []
+        ),
         "",
     ]
     columns = ("ASR", "ASR w/o", "RR", "Cmp", "cover", "ASR>=3", "ASR>=4", "turns", "unjdg")
@@ -133,6 +142,7 @@ def report_json(reports: list[CampaignReport]) -> Any:
             r.campaign: {
                 "threshold": r.threshold,
                 "events": r.events,
+                "retried": r.retried,
                 "models": r.models,
             }
             for r in reports

@@ -18,12 +18,13 @@ __all__ = ["MemoryEventStore"]
 
 
 class _Campaign:
-    __slots__ = ("config", "created_at", "events")
+    __slots__ = ("config", "created_at", "events", "superseded")
 
     def __init__(self, created_at: float) -> None:
         self.created_at = created_at
         self.config = ""
         self.events: list[StoredEvent] = []
+        self.superseded: list[StoredEvent] = []
 
 
 class MemoryEventStore:
@@ -168,6 +169,27 @@ class MemoryEventStore:
                     )
                 else:
                     yield event
+
+    async def supersede(self, campaign: str, ids: Collection[str]) -> int:
+        """Move events of a campaign aside (see the protocol)."""
+        await anyio.lowlevel.checkpoint()
+        if self._closed:
+            raise StorageError("the event store is closed")
+        c = self._campaigns.get(campaign)
+        chosen = set(ids)
+        if c is None or not chosen:
+            return 0
+        moved = [e for e in c.events if e.id in chosen]
+        c.events = [e for e in c.events if e.id not in chosen]
+        c.superseded.extend(moved)
+        self._ids.difference_update(e.id for e in moved)
+        return len(moved)
+
+    async def superseded(self, campaign: str) -> int:
+        """How many events of a campaign were superseded."""
+        await anyio.lowlevel.checkpoint()
+        c = self._campaigns.get(campaign)
+        return 0 if c is None else len(c.superseded)
 
     async def event_ids(self, campaign: str) -> set[str]:
         """Ids of every event of a campaign."""

@@ -223,6 +223,20 @@ class EventStore(Protocol):
         """
         ...
 
+    async def supersede(self, campaign: str, ids: Collection[str]) -> int:
+        """Move committed events out of the campaign's log into its superseded record, in one
+        transaction (what is queued is committed first); returns how many moved.
+
+        A resumed run retries the turn a conversation failed in; that turn's stored events
+        (its failed calls, the failure of the conversation) would otherwise collide with the
+        retry's. Nothing is deleted: :meth:`superseded` still counts them.
+        """
+        ...
+
+    async def superseded(self, campaign: str) -> int:
+        """How many events of a campaign were superseded (0 when none)."""
+        ...
+
     async def event_ids(self, campaign: str) -> set[str]:
         """Ids of every committed event of a campaign (what a resumed run can skip)."""
         ...

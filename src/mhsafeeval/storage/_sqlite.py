@@ -41,6 +41,11 @@ _SCHEMA = (
         turn INTEGER NOT NULL, attempt INTEGER NOT NULL, branch TEXT NOT NULL,
         type TEXT NOT NULL, recorded_at REAL NOT NULL, body BLOB NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS events_campaign_seq ON events (campaign, seq)",
+    # Added in place (older files get it when next opened for writing; readers tolerate its
+    # absence): events a resumed run moved aside to retry a failed turn, never deleted.
+    """CREATE TABLE IF NOT EXISTS superseded (
+        seq INTEGER NOT NULL, id TEXT NOT NULL, campaign TEXT NOT NULL, type TEXT NOT NULL,
+        recorded_at REAL NOT NULL, superseded_at REAL NOT NULL, body BLOB NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS events_campaign_type ON events (campaign, type)",
 )
 _INSERT_EVENT = """INSERT OR IGNORE INTO events
@@ -390,6 +395,51 @@ class SqliteEventStore:
                 )  # fmt: skip
             if len(rows) < self._page_size:
                 return
+
+    async def supersede(self, campaign: str, ids: Collection[str]) -> int:
+        """Move events to the ``superseded`` table in one shielded transaction."""
+        await self.flush()
+        writer = self._require_writer()
+        chosen = sorted(set(ids))
+        moved = 0
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                await writer.execute("BEGIN IMMEDIATE")
+                try:
+                    now = self._clock()
+                    for start in range(0, len(chosen), 500):
+                        part = chosen[start : start + 500]
+                        marks = ",".join("?" * len(part))
+                        await writer.execute(
+                            "INSERT INTO superseded (seq, id, campaign, type, recorded_at, "
+                            "superseded_at, body) SELECT seq, id, campaign, type, recorded_at, "
+                            f"?, body FROM events WHERE campaign = ? AND id IN ({marks})",
+                            (now, campaign, *part),
+                        )
+                        cursor = await writer.execute(
+                            f"DELETE FROM events WHERE campaign = ? AND id IN ({marks})",
+                            (campaign, *part),
+                        )
+                        moved += cursor.rowcount
+                    await writer.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await writer.execute("ROLLBACK")
+                    raise
+        return moved
+
+    async def superseded(self, campaign: str) -> int:
+        """How many events of a campaign were superseded."""
+        reader = self._require_reader()
+        try:
+            rows = list(
+                await reader.execute_fetchall(
+                    "SELECT COUNT(*) FROM superseded WHERE campaign = ?", (campaign,)
+                )
+            )
+        except sqlite3.OperationalError:  # a file from before the table existed
+            return 0
+        return int(rows[0][0])
 
     async def event_ids(self, campaign: str) -> set[str]:
         """Ids of every committed event of a campaign."""
