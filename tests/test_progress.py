@@ -87,3 +87,17 @@ def test_a_terminal_gets_a_redrawn_block() -> None:
     assert "\x1b[2K" in text and "\x1b[2F" in text  # lines cleared and redrawn in place
     assert "progress: " not in text
     assert "ETA 0.0 min" in progress.lines()[0]
+
+
+def test_a_resumed_run_counts_what_was_stored_but_paces_the_eta_on_this_run() -> None:
+    now = [0.0]
+    progress = Progress(io.StringIO(), every_s=1e9, clock=lambda: now[0])
+    messages = list(campaign())
+    commits = [i for i, m in enumerate(messages) if isinstance(m, TurnCommitted)]
+    for msg in messages[: commits[1] + 1]:  # two turns were stored before this run
+        progress.replay(msg)
+    now[0] = 60.0
+    progress(messages[commits[2]])  # one turn in this run's first minute
+    line = progress.lines()[0]
+    assert "turns 3/4" in line
+    assert "ETA 1.0 min" in line  # one turn left at this run's pace, not the replayed one's

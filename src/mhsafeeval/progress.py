@@ -65,6 +65,7 @@ class Progress:
         self.filled: dict[str, set[tuple[str, str]]] = defaultdict(set)
         self.cells = 0
         self._clients: list[ResilientClient] = []
+        self.turns_before = 0  # turns a resumed campaign had committed before this run
 
     def attach_clients(self, clients: Iterable[ResilientClient]) -> None:
         """Read retry and failure counts from these model clients."""
@@ -77,6 +78,11 @@ class Progress:
         if final or now - self._last >= self.every_s:
             self._last = now
             self._draw(now)
+
+    def replay(self, msg: Message) -> None:
+        """A message a resumed run already had: counted, but not in this run's pace (ETA)."""
+        self._fold(msg)
+        self.turns_before = self.turns
 
     def _fold(self, msg: Message) -> None:
         usage: Usage | None = getattr(msg, "usage", None)
@@ -113,8 +119,9 @@ class Progress:
         elapsed = now - self.started
         planned_turns = self.planned_conversations * self.max_turns
         eta = "?"
-        if self.turns and planned_turns:
-            left = max(0.0, elapsed / self.turns * (planned_turns - self.turns))
+        if self.turns > self.turns_before and planned_turns:
+            pace = elapsed / (self.turns - self.turns_before)
+            left = max(0.0, pace * (planned_turns - self.turns))
             eta = f"{left / 60:.1f} min"
         retries = sum(c.stats.retries for c in self._clients)
         out = [

@@ -230,7 +230,8 @@ class Runtime:
 
         The callback runs in its own task (one mailbox), so a slow observer delays only itself.
         ``replay``: also receive the stored messages a resumed run replays (:meth:`replay`);
-        the event store must not (it has them), a progress display should.
+        the event store must not (it has them), a progress display should. An observer with
+        a ``replay(msg)`` method gets them through it, at once, instead of its callback.
         """
         self._check_name(name)
         mbox = _Mailbox(name, None, callback, critical)
@@ -333,7 +334,11 @@ class Runtime:
                 continue
             if sub.mailbox is not None and sub.mailbox.agent is None:
                 if sub.replay:
-                    self._queue(sub.mailbox, msg)
+                    hook = getattr(sub.mailbox.callback, "replay", None)
+                    if callable(hook):
+                        hook(msg)  # the observer tells replayed messages from live ones
+                    else:
+                        self._queue(sub.mailbox, msg)
                 continue
             mbox = self._instance(sub, msg.conversation)
             assert mbox is not None and mbox.agent is not None
