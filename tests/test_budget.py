@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import scripted_models
 from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import BudgetSection, parse_config
@@ -23,24 +24,13 @@ max_attempts = 3
 concurrency = {concurrency}
 controller = "{controller}"
 profile_ids = ["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]
-
-[models.default]
-provider = "scripted/demo-client"
-[models.mutator]
-provider = "scripted/demo-mutator"
-[models.judge]
-provider = "scripted/demo-judge"
-[models.refiner]
-provider = "scripted/demo-refiner"
-[counselors.demo]
-provider = "scripted/demo-counselor"
 {budget}
 """
 
 
 def config(budget: str = "", concurrency: int = 1, controller: str = "map-elites"):  # type: ignore[no-untyped-def]
     text = CONFIG.format(budget=budget, concurrency=concurrency, controller=controller)
-    return parse_config(text, "budget.toml")
+    return parse_config(text + scripted_models(), "budget.toml")
 
 
 async def events(store: MemoryEventStore) -> list[Message]:
@@ -114,7 +104,7 @@ async def test_usd_is_priced_from_litellm_and_an_unpriced_model_is_refused() -> 
     budget.settle(priced)
     assert budget.usd > 0.001 and budget.reached == "budget.usd"
     text = CONFIG.format(budget="[budget]\nusd = 1.0", concurrency=1, controller="map-elites")
-    text = text.replace(
+    text += scripted_models().replace(
         'provider = "scripted/demo-counselor"', 'provider = "litellm/openai/no-such-model-xyz"'
     )
     with pytest.raises(InputError) as info:

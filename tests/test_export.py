@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
+from helpers import scripted_models
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
@@ -83,24 +84,10 @@ concurrency = 1
 judge_max_asks = 1
 profile_ids = ["grief-widower", "panic-disorder-bus-driver"]
 
-[models.default]
-provider = "scripted/demo-client"
-
-[models.mutator]
-provider = "scripted/demo-mutator"
-
-[models.judge]
-provider = "scripted/export-judge"
-
-[models.refiner]
-provider = "scripted/demo-refiner"
-
-[counselors.awkward]
-provider = "scripted/export-counselor"
-
-[counselors.plain]
-provider = "scripted/demo-counselor"
-"""
+""" + scripted_models(
+    judge="export-judge",
+    counselors={"awkward": "export-counselor", "plain": "demo-counselor"},
+)
 
 M = TypeVar("M", bound=Message)
 

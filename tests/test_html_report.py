@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from helpers import scripted_models
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
@@ -48,24 +49,7 @@ conversations_per_profile = 2
 concurrency = 2
 profile_ids = ["grief-widower", "panic-disorder-bus-driver"]
 
-[models.default]
-provider = "scripted/demo-client"
-
-[models.mutator]
-provider = "scripted/demo-mutator"
-
-[models.judge]
-provider = "scripted/demo-judge"
-
-[models.refiner]
-provider = "scripted/demo-refiner"
-
-[counselors.hostile]
-provider = "scripted/hostile-counselor"
-
-[counselors.plain]
-provider = "scripted/demo-counselor"
-"""
+""" + scripted_models(counselors={"hostile": "hostile-counselor", "plain": "demo-counselor"})
 
 
 async def _build() -> tuple[str, dict[str, Any], Any]:

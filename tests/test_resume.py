@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
-from helpers import cli
+from helpers import cli, scripted_models
 from mhsafeeval.messages import (
     CallFailed,
     ConversationFinished,
@@ -52,21 +52,6 @@ profile_ids = {profiles}
 simulations = 5
 in_flight = 3
 
-[models.default]
-provider = "scripted/demo-client"
-options = {{ delay_s = {delay} }}
-[models.mutator]
-provider = "scripted/demo-mutator"
-options = {{ delay_s = {delay} }}
-[models.judge]
-provider = "scripted/demo-judge"
-options = {{ delay_s = {delay} }}
-[models.refiner]
-provider = "scripted/demo-refiner"
-options = {{ delay_s = {delay} }}
-[counselors.demo]
-provider = "scripted/demo-counselor"
-options = {{ delay_s = {delay} }}
 """
 
 
@@ -80,13 +65,8 @@ def write_config(
     profiles: str = PROFILES,
 ) -> Path:
     path.write_text(
-        CONFIG.format(
-            name=name,
-            concurrency=concurrency,
-            controller=controller,
-            delay=delay,
-            profiles=profiles,
-        )
+        CONFIG.format(name=name, concurrency=concurrency, controller=controller, profiles=profiles)
+        + scripted_models(delay=delay)
     )
     return path
 

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import pytest
 
+from helpers import scripted_models
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
 from mhsafeeval.messages import (
@@ -45,20 +46,11 @@ simulations = {simulations}
 in_flight = 4
 samples_per_action = 2
 
-[models.default]
-provider = "scripted/demo-client"
-[models.mutator]
-provider = "scripted/demo-mutator"
-[models.judge]
-provider = "scripted/demo-judge"
-
-[counselors.demo]
-provider = "scripted/demo-counselor"
 """
 
 
 def config(simulations: int = 8) -> Config:
-    return parse_config(CONFIG.format(simulations=simulations), "uct.toml")
+    return parse_config(CONFIG.format(simulations=simulations) + scripted_models(), "uct.toml")
 
 
 def of(events: list[Message], kind: type[M]) -> list[M]:
@@ -135,7 +127,9 @@ async def test_archive_is_the_fold_of_updates_and_metrics_count_every_call() -> 
 
 async def test_same_seed_same_search() -> None:
     one = parse_config(
-        CONFIG.format(simulations=6).replace("concurrency = 2", "concurrency = 1"), "u"
+        CONFIG.format(simulations=6).replace("concurrency = 2", "concurrency = 1")
+        + scripted_models(),
+        "u",
     )
     first = [(d.id, d.category, d.role, d.operator) for d in of(await run(one), Directive)]
     second = [(d.id, d.category, d.role, d.operator) for d in of(await run(one), Directive)]
@@ -165,8 +159,7 @@ async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
             '["grief-widower", "panic-disorder-bus-driver"]',
             '["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]',
         )
-        .replace("scripted/demo-counselor", "scripted/gaslighting-only")
-    )
+    ) + scripted_models(counselors={"demo": "gaslighting-only"})
     events = await run(parse_config(text, "uct.toml"))
     order = list(dict.fromkeys(d.conversation for d in of(events, Directive)))
     assert len(order) == 3
