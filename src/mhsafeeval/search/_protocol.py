@@ -34,6 +34,13 @@ class SearchController(Protocol):
     Class attributes: ``name`` (its registered name) and ``uses_refiner`` (whether the
     campaign should run the refiner, whose notes it then expects below the threshold).
 
+    To be resumable it must be a deterministic fold over what it consumes: synchronous
+    handlers only, no clock, and randomness drawn from
+    :func:`~mhsafeeval.search.rng.derive_rng` (seeded by the campaign seed and message
+    coordinates) or from generators that are themselves folded. A resumed run then rebuilds it
+    by replaying the stored messages in stored order (its archive, notes, trees and RNG draws
+    come back as they were) and drops what it publishes again that is already stored.
+
     Example:
         >>> from mhsafeeval.search import MapElitesController, controller
         >>> @controller("always-blaming")
