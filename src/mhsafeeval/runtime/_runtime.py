@@ -6,7 +6,7 @@ import inspect
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Container, Iterable
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 import anyio.lowlevel
@@ -488,8 +488,7 @@ class Runtime:
                     return
                 entry = next_entry
             try:
-                msg = entry.msg if type(entry) is _Redo else entry
-                assert isinstance(msg, Message)
+                msg = cast(Message, entry.msg if type(entry) is _Redo else entry)
                 # Re-bind the log context only when it changes (it costs microseconds).
                 where = (msg.campaign, msg.conversation, msg.turn, msg.attempt)
                 if where != bound:
