@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from helpers import scripted_models
@@ -119,3 +121,27 @@ def test_budget_values_are_validated() -> None:
         with pytest.raises(InputError) as info:
             config(f"[budget]\n{bad}")
         assert info.value.field is not None and info.value.field.startswith("budget.")
+
+
+async def test_an_edited_taxonomy_file_is_refused_on_resume(tmp_path: Path) -> None:
+    """The config may be word for word the same while a file it points to changed."""
+    from importlib import resources
+
+    taxonomy = tmp_path / "taxonomy.toml"
+    taxonomy.write_text(
+        (resources.files("mhsafeeval") / "data" / "r_mhsafe.toml").read_text(encoding="utf-8")
+    )
+    text = CONFIG.format(budget="", concurrency=1, controller="map-elites")
+    text = text.replace("[campaign]\n", f'[campaign]\ntaxonomy = "{taxonomy}"\n', 1)
+    cfg = parse_config(text + scripted_models(), "budget.toml")
+    async with MemoryEventStore() as store:
+        await run_campaign(cfg, store)
+        taxonomy.write_text(
+            taxonomy.read_text().replace('name = "Gaslighting"', 'name = "Gaslight"')
+        )
+        before = await store.count("budget")
+        with pytest.raises(InputError) as info:
+            await run_campaign(cfg, store)
+        assert info.value.field == "inputs.taxonomy"
+        assert "stored with a different configuration" in str(info.value)
+        assert await store.count("budget") == before

@@ -9,6 +9,7 @@ event store records every message.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +56,7 @@ from mhsafeeval.runtime.providers import (
 )
 from mhsafeeval.search import CONTROLLERS, LoopSettings
 from mhsafeeval.storage import EventStore
-from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy
+from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy, taxonomy_to_text
 
 __all__ = [
     "CampaignResult",
@@ -230,14 +231,29 @@ class _History:
         )
 
 
-async def _history(store: EventStore, config: Config, source: str | Path) -> _History | None:
+def _fingerprints(plan: _Plan) -> dict[str, str]:
+    """Digests of the taxonomy and the planned profiles: a resumed campaign must use the same."""
+
+    def digest(data: bytes) -> str:
+        return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+    profiles = {s.profile.id: s.profile for s in plan.conversations}
+    return {
+        "taxonomy": digest(taxonomy_to_text(plan.taxonomy, detail=True).encode()),
+        "profiles": digest(msgspec.json.encode(sorted(profiles.items()))),
+    }
+
+
+async def _history(
+    store: EventStore, config: Config, source: str | Path, plan: _Plan
+) -> _History | None:
     """The stored part of this campaign, or None if the store has none; a stored campaign
     with a different config is an InputError naming the differences."""
     name = config.campaign.name
     info = next((c for c in await store.list_campaigns() if c.id == name), None)
     if info is None or info.event_count == 0:
         return None
-    differences = config_differences(info.config, config)
+    differences = config_differences(info.config, config, _fingerprints(plan))
     if differences:
         shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
         raise InputError(
@@ -395,7 +411,7 @@ async def run_campaign(
     """
     plan = build_plan(config, source)
     check_prices(config, source)
-    history = await _history(store, config, source)
+    history = await _history(store, config, source, plan)
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
     settings = LoopSettings(
@@ -471,7 +487,7 @@ async def run_campaign(
             budget=budget.reached,
             spent=budget.spent(),
         )
-    await store.register_campaign(c.name, canonical_config(config))
+    await store.register_campaign(c.name, canonical_config(config, _fingerprints(plan)))
     scheduler = Scheduler(
         plan.conversations, c.name, 1 if a.single_turn else c.max_turns, c.concurrency, history
     )

@@ -205,24 +205,29 @@ def _convert(data: dict[str, Any], source: str | Path) -> Config:
     return convert(data, Config, source)
 
 
-def canonical_config(config: Config) -> str:
+def canonical_config(config: Config, inputs: dict[str, str] | None = None) -> str:
     """The effective config as canonical JSON (sorted keys): what a campaign stores to tell, on
     resume, whether it is run with the same settings (overrides such as ``--controller``
-    included)."""
-    return json.dumps(msgspec.to_builtins(config), sort_keys=True, separators=(",", ":"))
+    included). ``inputs``: fingerprints of what the config points to (taxonomy, profiles),
+    stored under ``inputs`` so that an edited file is noticed too."""
+    data = msgspec.to_builtins(config)
+    if inputs:
+        data["inputs"] = dict(inputs)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def config_differences(stored: str, now: Config) -> list[str]:
-    """What differs between a stored :func:`canonical_config` and ``now``, as
-    ``"key.path: stored X, now Y"`` lines, leaving out :data:`RESUMABLE_CHANGES`. A stored
-    text that is not canonical JSON (written by an older version) is one difference."""
+def config_differences(stored: str, now: Config, inputs: dict[str, str] | None = None) -> list[str]:
+    """What differs between a stored :func:`canonical_config` and ``now`` (with its
+    ``inputs``), as ``"key.path: stored X, now Y"`` lines, leaving out
+    :data:`RESUMABLE_CHANGES`. A stored text that is not canonical JSON (written by an older
+    version) is one difference."""
     try:
         before = json.loads(stored)
     except ValueError:
         before = None
     if not isinstance(before, dict):
         return ["the stored configuration predates resumable campaigns"]
-    after = msgspec.to_builtins(now)
+    after = json.loads(canonical_config(now, inputs))
     out: list[str] = []
 
     def walk(a: Any, b: Any, path: str) -> None:
