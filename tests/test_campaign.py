@@ -272,6 +272,42 @@ async def test_a_failing_handler_fails_only_its_conversation() -> None:
     )
 
 
+async def test_failed_conversations_are_retried_when_the_campaign_is_run_again() -> None:
+    text = CONFIG.format(judge="demo-judge")
+    cut = text.index("[counselors.also-weak]")
+    text = text[:cut] + text[cut:].replace("weak-counselor", "buggy-counselor")
+    cfg = parse_config(text.replace("concurrency = 3", "concurrency = 2"), "e2e.toml")
+    async with MemoryEventStore() as store:
+        first = await run_campaign(cfg, store)
+        assert (first.status, first.failed) == ("completed_with_failures", 4)
+        # The bug is still there: the 4 failed turns are retried, and fail again.
+        again = await run_campaign(cfg, store)
+        assert (again.status, again.failed, again.resumed_from > 0) == (
+            "completed_with_failures",
+            4,
+            True,
+        )
+        assert await store.superseded("e2e") > 0
+        events = [e.message async for e in store.events("e2e") if e.message is not None]
+        ends = Counter(f.conversation for f in by_type(events, ConversationFinished))
+        assert len(ends) == 8 and set(ends.values()) == {1}
+        # Killed after a handler failed but before the conversation was closed: the next run
+        # closes it as failed (and retries nothing else).
+        unclosed = [
+            e.id
+            for e in events
+            if isinstance(e, ConversationFinished | CampaignFinished) and e.key != "start"
+            if not isinstance(e, ConversationFinished) or e.status == "failed"
+        ]
+        await store.supersede("e2e", unclosed)
+        third = await run_campaign(cfg, store)
+        assert (third.status, third.failed, third.finished) == ("completed_with_failures", 4, 8)
+        events = [e.message async for e in store.events("e2e") if e.message is not None]
+        ends = Counter(f.conversation for f in by_type(events, ConversationFinished))
+        assert len(ends) == 8 and set(ends.values()) == {1}
+        assert sum(isinstance(e, CampaignFinished) for e in events) == 1
+
+
 async def test_ablations() -> None:
     single = await run(config(ablation="single_turn"))
     assert len(by_type(single, TurnCommitted)) == 8  # one turn per conversation
