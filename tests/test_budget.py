@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from helpers import scripted_models
@@ -105,6 +106,12 @@ async def test_usd_is_priced_from_litellm_and_an_unpriced_model_is_refused() -> 
     )
     budget.settle(priced)
     assert budget.usd > 0.001 and budget.reached == "budget.usd"
+    # A provider answering with a model name the price map lacks is priced as configured.
+    other = Budget(BudgetSection(usd=100.0))
+    await other.admit(True)
+    dated = msgspec.structs.replace(priced, model="gpt-4o-mini-2099-12-31-unlisted")
+    other.settle(dated, "litellm/openai/gpt-4o-mini")
+    assert other.usd == pytest.approx(budget.usd)
     text = CONFIG.format(budget="[budget]\nusd = 1.0", concurrency=1, controller="map-elites")
     text += scripted_models().replace(
         'provider = "scripted/demo-counselor"', 'provider = "litellm/openai/no-such-model-xyz"'

@@ -31,10 +31,15 @@ from mhsafeeval.runtime.providers import (
 __all__ = ["Budget", "BudgetedModel", "check_prices"]
 
 
-def _cost(model: str, prompt: int, completion: int) -> float:
+def _cost(model: str, prompt: int, completion: int, fallback: str = "") -> float:
+    """USD of these tokens; a model name the price map lacks (a provider may answer with a
+    dated variant) is priced as ``fallback``, the configured model."""
     from mhsafeeval.costs import model_cost
 
-    return model_cost(model, prompt, completion) or 0.0
+    cost = model_cost(model, prompt, completion)
+    if cost is None and fallback:
+        cost = model_cost(fallback, prompt, completion)
+    return cost or 0.0
 
 
 def check_prices(config: Config, source: str | Path) -> None:
@@ -124,15 +129,15 @@ class Budget:
                 self.stop.set()
         self.in_flight += 1
 
-    def settle(self, completion: Completion | None) -> None:
-        """Count a call's answer (None: it failed or was cancelled)."""
+    def settle(self, completion: Completion | None, model: str = "") -> None:
+        """Count a call's answer (None: it failed or was cancelled) from ``model``."""
         self.in_flight -= 1
         if not self.in_flight and self._idle is not None:
             self._idle.set()
         if completion is not None:
             self.tokens += completion.prompt_tokens + completion.completion_tokens
             self.usd += _cost(
-                completion.model, completion.prompt_tokens, completion.completion_tokens
+                completion.model, completion.prompt_tokens, completion.completion_tokens, model
             )
         self._check()
 
@@ -164,7 +169,7 @@ class BudgetedModel:
             done = await self.inner.complete(messages, params)
             return done
         finally:
-            self.budget.settle(done)
+            self.budget.settle(done, self.name)
 
     async def aclose(self) -> None:
         """The inner client is closed by whoever opened it."""
