@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -645,10 +646,12 @@ async def _first(*events: anyio.Event) -> None:
 def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:
     """Replay a stored campaign into the runtime's agents and restart its unfinished work;
     returns how many stored messages were handed to an agent again."""
+    started = time.perf_counter()
     rt.begin_replay(history.ids)
     for msg in history.messages:
         rt.replay(msg)
     suppressed, fresh = rt.end_replay()
+    replay_s = time.perf_counter() - started
     live = scheduler.running - set(history.broken)
     redone = 0
     for msg in history.messages:
@@ -662,6 +665,7 @@ def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:
         republished=len(fresh),
         redone=redone,
         replayed_decisions=suppressed,
+        replay_s=round(replay_s, 2),
     )
     for conversation in scheduler.running & set(history.broken):
         # A handler failed and the run stopped before the conversation was closed: close it.

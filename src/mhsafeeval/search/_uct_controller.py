@@ -89,6 +89,20 @@ class UCTController(ArchiveController):
         )
         self.tries: dict[tuple[str, CellId, Operator], list[int]] = {}
         self._convs: dict[str, _Conv] = {}
+        # Per model: [wins, tries] by category, role, cell and move, judged simulations plus
+        # those in flight (as tries without a win), kept up to date as they start and end.
+        self._levels: dict[str, dict[object, list[int]]] = {}
+        self._actions = {
+            (cell, op): Action(cell[0], cell[1], op) for cell in self.cells for op in _OPERATORS
+        }
+
+    def _count(self, model: str, cell: CellId, op: Operator, wins: int, tries: int) -> None:
+        levels = self._levels.setdefault(model, {})
+        category, role = cell
+        for key in (("category", category), ("role", role), cell, (category, role, op)):
+            slot = levels.setdefault(key, [0, 0])
+            slot[0] += wins
+            slot[1] += tries
 
     # -- the tree ------------------------------------------------------------------------------
 
@@ -110,28 +124,11 @@ class UCTController(ArchiveController):
         """
         archive = self.archive(model)
         filled = len(archive.filled_cells())
-        tallies = [
-            (cell, op, wins, tries)
-            for (m, cell, op), (wins, tries) in self.tries.items()
-            if m == model
-        ]
-        tallies += [
-            ((sim.action.category, sim.action.role), sim.operator, 0, 1)
-            for conv in self._convs.values()
-            if conv.model == model
-            for sim in conv.sims.values()
-            if not sim.finished
-        ]
-        levels: dict[object, list[int]] = {}
-        for (category, role), op, wins, tries in tallies:
-            keys = (("category", category), ("role", role), (category, role), (category, role, op))
-            for key in keys:
-                slot = levels.setdefault(key, [0, 0])
-                slot[0] += wins
-                slot[1] += tries
+        levels = self._levels.get(model, {})
+        none = (0, 0)
 
         def smooth(key: object, towards: float) -> float:
-            wins, tries = levels.get(key, (0, 0))
+            wins, tries = levels.get(key, none)
             return (wins + towards) / (tries + 1)
 
         worth = reward(self.settings.threshold, threshold=self.settings.threshold, cell_empty=False)
@@ -145,7 +142,7 @@ class UCTController(ArchiveController):
                 if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
                     continue
                 p = smooth((category, role, op), p_cell)
-                out.append((Action(category, role, op), p * (worth + empty)))
+                out.append((self._actions[(cell, op)], p * (worth + empty)))
         return out
 
     def _new_turn(self, source: Message, conv: _Conv) -> None:
@@ -174,6 +171,7 @@ class UCTController(ArchiveController):
             sim = conv.sims[attempt] = _Sim(path, action)
             rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
             sim.operator, seeds = self._seeds(conv, action, rng)
+            self._count(conv.model, (action.category, action.role), sim.operator, 0, 1)
             self.publish(
                 Directive(
                     campaign=conv.campaign,
@@ -297,9 +295,11 @@ class UCTController(ArchiveController):
             empty_bonus=self.settings.empty_bonus,
         )
         conv.tree.backup(sim.path, value, key=str(msg.attempt))
+        win = int(msg.severity >= self.settings.threshold)
         tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
-        tally[0] += msg.severity >= self.settings.threshold
+        tally[0] += win
         tally[1] += 1
+        self._count(conv.model, cell, sim.operator, win, 1)
         self.offer(conv.model, sim, msg)
         self._done(msg, conv, sim)
 
@@ -324,6 +324,7 @@ class UCTController(ArchiveController):
 
     def _done(self, msg: Message, conv: _Conv, sim: _Sim) -> None:
         sim.finished = True
+        self._count(conv.model, (sim.action.category, sim.action.role), sim.operator, 0, -1)
         conv.done += 1
         self.publish(
             SearchStats(

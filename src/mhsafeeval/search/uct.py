@@ -199,9 +199,10 @@ class UCTTree:
     def reprioritise(self, node: NodeId, candidates: Iterable[tuple[Action, float]]) -> None:
         """Give an expanded decision node new priors (e.g. after evidence from other
         conversations): actions already tried or in flight keep their place and statistics with
-        the new prior; the untried ones are re-ordered by the new priors (ties by the RNG), and
-        new actions join them. An action missing from ``candidates`` keeps prior 0. Bad
-        candidates are a ``ValueError``, as for :meth:`expand`."""
+        the new prior; the untried ones are re-ordered by the new priors (ties keep their
+        order, which the RNG drew), and new actions join them (their ties ordered by the RNG).
+        An action missing from ``candidates`` keeps prior 0. Bad candidates are a
+        ``ValueError``, as for :meth:`expand`."""
         target = self._trail(node)[-1]
         if not isinstance(target, _Node) or target.children is None:
             raise ValueError(f"{node} is not an expanded decision node")
@@ -209,32 +210,22 @@ class UCTTree:
         if not all(0 <= p < math.inf for p in raw.values()):
             raise ValueError("priors must be finite and non-negative")
         children = target.children
-        touched = {
-            i
-            for i, ch in enumerate(children)
-            if ch.visits or ch.samples or self._flight[(*node, i)]
-        }
+        flight = self._flight
+        touched = [
+            bool(ch.visits or ch.samples or flight[(*node, i)]) for i, ch in enumerate(children)
+        ]
         known = {ch.action for ch in children}
-        free = [ch.action for i, ch in enumerate(children) if i not in touched]
-        free += [a for a in raw if a not in known]
-        self._rng.shuffle(free)
-        free.sort(key=lambda a: -raw.get(a, 0.0))
-        total = sum(raw.get(ch.action, 0.0) for ch in children) + sum(
-            p for a, p in raw.items() if a not in known
-        )
-        share = len(children) + sum(a not in known for a in raw)
-
-        def prior(action: Action) -> float:
-            return raw.get(action, 0.0) / total if total > 0 else 1 / share
-
+        added = [_Chance(action=a, prior=0.0) for a in raw if a not in known]
+        self._rng.shuffle(added)
+        free = [ch for ch, t in zip(children, touched, strict=True) if not t] + added
+        free.sort(key=lambda ch: -raw.get(ch.action, 0.0))  # stable: ties keep their order
+        total = sum(raw.values())  # every candidate is a child now
+        share = len(children) + len(added)
         slots = iter(free)
-        new: list[_Chance] = []
-        for i in range(share):
-            if i in touched:
-                children[i].prior = prior(children[i].action)
-                new.append(children[i])
-            else:
-                new.append(_Chance(action=(a := next(slots)), prior=prior(a)))
+        new = [ch if t else next(slots) for ch, t in zip(children, touched, strict=True)]
+        new.extend(slots)
+        for ch in new:
+            ch.prior = raw.get(ch.action, 0.0) / total if total > 0 else 1 / share
         target.children = new
 
     def unexpanded(self) -> list[NodeId]:
