@@ -124,10 +124,12 @@ class Progress:
             left = max(0.0, pace * (planned_turns - self.turns))
             eta = f"{left / 60:.1f} min"
         retries = sum(c.stats.retries for c in self._clients)
+        waited = sum(c.stats.retry_wait_s for c in self._clients)
         out = [
             f"conversations {self.finished}/{self.planned_conversations} done, "
             f"turns {self.turns}/{planned_turns}, attempts {self.attempts}, "
-            f"calls {self.calls}, tokens {self.tokens:,}, retries {retries}, "
+            f"calls {self.calls}, tokens {self.tokens:,}, "
+            f"retries {retries} ({waited:.1f} s backing off), "
             f"failed calls {self.failed_calls}, unjudged {self.unjudged}, "
             f"elapsed {elapsed / 60:.1f} min, ETA {eta}"
         ]
