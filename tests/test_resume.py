@@ -215,7 +215,7 @@ def test_sigkill_with_concurrent_conversations_completes_every_turn_exactly_once
     )
     clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
     finish(config, clean)
-    killed = kill_repeatedly(config, crashed, stored_count(clean), kills=24, seed=2)
+    killed = kill_repeatedly(config, crashed, stored_count(clean), kills=30, seed=2)
     assert len(killed) >= 20, killed
     finish(config, crashed)
     events = stored(crashed)
