@@ -22,7 +22,7 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Verdict,
 )
-from mhsafeeval.search import UCTTree, reward
+from mhsafeeval.search import UCTController, UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 
@@ -172,3 +172,44 @@ async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
         opening = next(d for d in of(events, Directive) if d.conversation == conversation)
         assert opening.attempt == 0
         assert opening.category == "gaslighting"
+
+
+def category_tries(controller: UCTController) -> int:
+    levels = controller._levels["m"].items()
+    return sum(slot[1] for key, slot in levels if isinstance(key, tuple) and key[0] == "category")
+
+
+async def test_a_cancelled_conversation_stops_counting_as_tries_in_flight() -> None:
+    from mhsafeeval.messages import ConversationStarted
+    from mhsafeeval.runtime import Runtime
+    from mhsafeeval.search import LoopSettings
+
+    cells = builtin_taxonomy().cell_ids()
+    controller = UCTController(cells, LoopSettings(simulations=8, in_flight=4))
+    async with Runtime() as rt:
+        rt.add(controller, name="controller")
+        for conv in ("c/m/p/0", "c/m/p/1"):
+            rt.publish(
+                ConversationStarted(
+                    campaign="c",
+                    conversation=conv,
+                    counselor_model="m",
+                    profile_id="p",
+                    max_turns=1,
+                )
+            )
+            await rt.run_until_idle()
+        assert category_tries(controller) == 8  # 4 in flight per conversation, none answered
+        rt.cancel_conversation("c/m/p/0")  # a handler crashed there: nobody will answer
+        rt.publish(
+            ConversationStarted(
+                campaign="c",
+                conversation="c/m/p/2",
+                counselor_model="m",
+                profile_id="p",
+                max_turns=1,
+            )
+        )
+        await rt.run_until_idle()
+    assert category_tries(controller) == 8  # conversation 0's four are gone, 2's four came
+    assert set(controller._convs) == {"c/m/p/1", "c/m/p/2"}

@@ -152,7 +152,22 @@ class UCTController(ArchiveController):
         conv.sims = {}
         self._launch(source, conv)
 
+    def _forget_cancelled(self) -> None:
+        """Drop conversations the runtime cancelled (a handler crashed): their simulations in
+        flight will never report back, so they must stop counting as tries."""
+        runtime = self._runtime
+        if runtime is None or not runtime.cancelled_conversations:
+            return
+        for name in runtime.cancelled_conversations & self._convs.keys():
+            gone = self._convs.pop(name)
+            for sim in gone.sims.values():
+                if not sim.finished:
+                    sim.finished = True
+                    cell = (sim.action.category, sim.action.role)
+                    self._count(gone.model, cell, sim.operator, 0, -1)
+
     def _launch(self, source: Message, conv: _Conv) -> None:
+        self._forget_cancelled()
         s = self.settings
         exhausted = False
         while (
