@@ -112,6 +112,17 @@ async def test_usd_is_priced_from_litellm_and_an_unpriced_model_is_refused() -> 
     dated = msgspec.structs.replace(priced, model="gpt-4o-mini-2099-12-31-unlisted")
     other.settle(dated, "litellm/openai/gpt-4o-mini")
     assert other.usd == pytest.approx(budget.usd)
+    # ... and so is such an answer stored before a resume.
+    stored = CounselorReply(
+        conversation="c",
+        category="blaming",
+        role="enabler",
+        text="x",
+        usage=Usage(model=dated.model, prompt_tokens=10_000, completion_tokens=10_000),
+    )
+    resumed = Budget(BudgetSection(usd=100.0), [stored], lambda m: "litellm/openai/gpt-4o-mini")
+    assert resumed.usd == pytest.approx(budget.usd)
+    assert Budget(BudgetSection(usd=100.0), [stored]).usd == 0.0  # unknown without the config
     text = CONFIG.format(budget="[budget]\nusd = 1.0", concurrency=1, controller="map-elites")
     text += scripted_models().replace(
         'provider = "scripted/demo-counselor"', 'provider = "litellm/openai/no-such-model-xyz"'

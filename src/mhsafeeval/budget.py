@@ -13,7 +13,7 @@ model the map cannot price is refused before the run starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import anyio
@@ -63,7 +63,15 @@ def check_prices(config: Config, source: str | Path) -> None:
 class Budget:
     """What a campaign may still spend, shared by every model call of the run."""
 
-    def __init__(self, limits: BudgetSection, history: Iterable[Message] = ()) -> None:
+    def __init__(
+        self,
+        limits: BudgetSection,
+        history: Iterable[Message] = (),
+        configured: Callable[[Message], str] | None = None,
+    ) -> None:
+        """``history``: the stored part of the campaign; ``configured(msg)``: the configured
+        model that answered ``msg``, to price a stored answer whose model name the price map
+        lacks."""
         self.limits = limits
         self.counselor_calls = 0
         self.tokens = 0
@@ -77,7 +85,10 @@ class Budget:
             usage: Usage | None = getattr(msg, "usage", None)
             if usage is not None:
                 self.tokens += usage.prompt_tokens + usage.completion_tokens
-                self.usd += _cost(usage.model, usage.prompt_tokens, usage.completion_tokens)
+                fallback = configured(msg) if configured is not None else ""
+                self.usd += _cost(
+                    usage.model, usage.prompt_tokens, usage.completion_tokens, fallback
+                )
                 if isinstance(msg, CounselorReply):
                     self.counselor_calls += usage.calls
             elif isinstance(msg, CounselorReply):

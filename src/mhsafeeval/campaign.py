@@ -42,8 +42,11 @@ from mhsafeeval.messages import (
     ConversationFinished,
     ConversationStarted,
     CounselorReply,
+    Instruction,
     Message,
+    RefinerNotes,
     TurnCommitted,
+    Unjudged,
     Verdict,
 )
 from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
@@ -439,7 +442,11 @@ async def run_campaign(
             clients[ident] = open_client(model)
         return clients[ident]
 
-    budget = Budget(config.budget, history.messages if history is not None else ())
+    budget = Budget(
+        config.budget,
+        history.messages if history is not None else (),
+        _configured_model(config, history.messages if history is not None else []),
+    )
     roles: dict[str, ModelClient] = {
         role: client_for(role, config.model_for(role))
         for role in ("client", "mutator", "judge", "refiner")
@@ -619,6 +626,31 @@ async def run_campaign(
         budget=budget.reached,
         spent=budget.spent(),
     )
+
+
+_ROLE_OF: dict[type[Message], str] = {
+    Instruction: "mutator",
+    ClientUtterance: "client",
+    Verdict: "judge",
+    Unjudged: "judge",
+    RefinerNotes: "refiner",
+}
+
+
+def _configured_model(config: Config, messages: list[Message]) -> Callable[[Message], str]:
+    """The provider address configured for whoever answered a stored message."""
+    counselor_of = {
+        m.conversation: m.counselor_model for m in messages if isinstance(m, ConversationStarted)
+    }
+
+    def configured(msg: Message) -> str:
+        if isinstance(msg, CounselorReply):
+            model = config.counselors.get(counselor_of.get(msg.conversation, ""))
+            return model.provider if model is not None else ""
+        role = _ROLE_OF.get(type(msg))
+        return config.model_for(role).provider if role is not None else ""
+
+    return configured
 
 
 class _BudgetReached(Exception):
