@@ -60,7 +60,17 @@ class _Sim(AttemptTexts):
 
 
 class _Conv:
-    __slots__ = ("campaign", "done", "max_turns", "model", "sims", "started", "tree", "turn")
+    __slots__ = (
+        "campaign",
+        "done",
+        "flight",
+        "max_turns",
+        "model",
+        "sims",
+        "started",
+        "tree",
+        "turn",
+    )
 
     def __init__(self, campaign: str, model: str, max_turns: int, tree: UCTTree) -> None:
         self.campaign = campaign
@@ -71,6 +81,7 @@ class _Conv:
         self.started = 0  # simulations launched this turn
         self.done = 0  # simulations finished (judged, unjudged or failed) this turn
         self.sims: dict[int, _Sim] = {}
+        self.flight: dict[object, int] = {}  # simulations in flight, by category/role/cell/move
 
 
 class UCTController(ArchiveController):
@@ -89,24 +100,32 @@ class UCTController(ArchiveController):
         )
         self.tries: dict[tuple[str, CellId, Operator], list[int]] = {}
         self._convs: dict[str, _Conv] = {}
-        # Per model: [wins, tries] by category, role, cell and move, judged simulations plus
-        # those in flight (as tries without a win), kept up to date as they start and end.
+        # Per model: [wins, tries] by category, role, cell and move, over judged simulations.
         self._levels: dict[str, dict[object, list[int]]] = {}
         self._actions = {
             (cell, op): Action(cell[0], cell[1], op) for cell in self.cells for op in _OPERATORS
         }
 
-    def _count(self, model: str, cell: CellId, op: Operator, wins: int, tries: int) -> None:
-        levels = self._levels.setdefault(model, {})
+    @staticmethod
+    def _keys(cell: CellId, op: Operator) -> tuple[object, ...]:
         category, role = cell
-        for key in (("category", category), ("role", role), cell, (category, role, op)):
+        return (("category", category), ("role", role), cell, (category, role, op))
+
+    def _count(self, model: str, cell: CellId, op: Operator, win: bool) -> None:
+        levels = self._levels.setdefault(model, {})
+        for key in self._keys(cell, op):
             slot = levels.setdefault(key, [0, 0])
-            slot[0] += wins
-            slot[1] += tries
+            slot[0] += win
+            slot[1] += 1
+
+    @classmethod
+    def _fly(cls, conv: _Conv, sim: _Sim, delta: int) -> None:
+        for key in cls._keys((sim.action.category, sim.action.role), sim.operator):
+            conv.flight[key] = conv.flight.get(key, 0) + delta
 
     # -- the tree ------------------------------------------------------------------------------
 
-    def _candidates(self, model: str) -> list[tuple[Action, float]]:
+    def _candidates(self, conv: _Conv) -> list[tuple[Action, float]]:
         """Every (cell, operator) move possible now, with its prior: the reward it is expected
         to earn, ``p * (reward at the threshold + empty_bonus if the archive lacks the cell)``.
 
@@ -118,18 +137,22 @@ class UCTController(ArchiveController):
         A move nobody tried thus ranks above one that failed and below one that worked. The
         rates are shared by every conversation with the model and read again before each
         simulation (:meth:`UCTTree.reprioritise`), so what one conversation learns re-orders
-        the untried moves of the others at once. Simulations still in flight count as tries
-        that failed (the tree's virtual loss, carried over), so concurrent simulations spread
-        over categories instead of piling into one nobody has heard back from.
+        the untried moves of the others at once. This conversation's simulations still in
+        flight count as tries that failed (the tree's virtual loss, carried over), so its
+        concurrent simulations spread over categories instead of piling into one nobody has
+        heard back from. Other conversations' calls in flight do not count: what one
+        conversation decides depends on the others only through judged replies, so a resumed
+        run can retry one conversation's failed turn without changing another's decisions.
         """
-        archive = self.archive(model)
+        archive = self.archive(conv.model)
         filled = len(archive.filled_cells())
-        levels = self._levels.get(model, {})
+        levels = self._levels.get(conv.model, {})
+        flight = conv.flight
         none = (0, 0)
 
         def smooth(key: object, towards: float) -> float:
             wins, tries = levels.get(key, none)
-            return (wins + towards) / (tries + 1)
+            return (wins + towards) / (tries + flight.get(key, 0) + 1)
 
         worth = reward(self.settings.threshold, threshold=self.settings.threshold, cell_empty=False)
         out = []
@@ -147,27 +170,12 @@ class UCTController(ArchiveController):
 
     def _new_turn(self, source: Message, conv: _Conv) -> None:
         if conv.tree.unexpanded() == [()]:
-            conv.tree.expand((), self._candidates(conv.model))
+            conv.tree.expand((), self._candidates(conv))
         conv.started = conv.done = 0
         conv.sims = {}
         self._launch(source, conv)
 
-    def _forget_cancelled(self) -> None:
-        """Drop conversations the runtime cancelled (a handler crashed): their simulations in
-        flight will never report back, so they must stop counting as tries."""
-        runtime = self._runtime
-        if runtime is None or not runtime.cancelled_conversations:
-            return
-        for name in runtime.cancelled_conversations & self._convs.keys():
-            gone = self._convs.pop(name)
-            for sim in gone.sims.values():
-                if not sim.finished:
-                    sim.finished = True
-                    cell = (sim.action.category, sim.action.role)
-                    self._count(gone.model, cell, sim.operator, 0, -1)
-
     def _launch(self, source: Message, conv: _Conv) -> None:
-        self._forget_cancelled()
         s = self.settings
         exhausted = False
         while (
@@ -175,7 +183,7 @@ class UCTController(ArchiveController):
             and conv.started - conv.done < s.in_flight
             and not (s.early_stop and self._succeeded(conv))
         ):
-            conv.tree.reprioritise((), self._candidates(conv.model))
+            conv.tree.reprioritise((), self._candidates(conv))
             path = conv.tree.select()
             if path is None:  # nothing open: waiting for in-flight replies, or used up
                 exhausted = conv.started == conv.done
@@ -186,7 +194,7 @@ class UCTController(ArchiveController):
             sim = conv.sims[attempt] = _Sim(path, action)
             rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
             sim.operator, seeds = self._seeds(conv, action, rng)
-            self._count(conv.model, (action.category, action.role), sim.operator, 0, 1)
+            self._fly(conv, sim, +1)
             self.publish(
                 Directive(
                     campaign=conv.campaign,
@@ -314,7 +322,7 @@ class UCTController(ArchiveController):
         tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
         tally[0] += win
         tally[1] += 1
-        self._count(conv.model, cell, sim.operator, win, 1)
+        self._count(conv.model, cell, sim.operator, bool(win))
         self.offer(conv.model, sim, msg)
         self._done(msg, conv, sim)
 
@@ -339,7 +347,7 @@ class UCTController(ArchiveController):
 
     def _done(self, msg: Message, conv: _Conv, sim: _Sim) -> None:
         sim.finished = True
-        self._count(conv.model, (sim.action.category, sim.action.role), sim.operator, 0, -1)
+        self._fly(conv, sim, -1)
         conv.done += 1
         self.publish(
             SearchStats(
