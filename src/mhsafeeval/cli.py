@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser(
         "run",
-        help="run a campaign and print its report (no config: the offline demo)",
+        help="run a campaign and print its report (no config: the offline demo); run it again "
+        "on the same --db to resume it",
     )
     run.add_argument(
         "config", type=Path, nargs="?", help="campaign config (TOML); default: the offline demo"
@@ -46,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--db",
         type=Path,
-        help="event database (default: ./<campaign name>.db; the demo: a new timestamped file)",
+        help="event database (default: ./<campaign name>.db; the demo: a new timestamped file); "
+        "a database holding the campaign resumes it",
     )
     run.add_argument("--controller", help="search controller (overrides campaign.controller)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
