@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mhsafeeval.testing import scripted_models
+
 CONFIG = """
 [campaign]
 name = "crash"
@@ -36,13 +38,6 @@ profile_ids = ["grief-widower", "panic-disorder-bus-driver", "depression-laid-of
 simulations = 5
 in_flight = 3
 """
-ROLES = {
-    "models.default": "demo-client",
-    "models.mutator": "demo-mutator",
-    "models.judge": "demo-judge",
-    "models.refiner": "demo-refiner",
-    "counselors.demo": "demo-counselor",
-}
 
 
 def count(db: Path) -> int:
@@ -90,10 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "crash.toml"
         text = CONFIG.format(concurrency=args.concurrency, controller=args.controller)
-        for table, script in ROLES.items():
-            text += f'\n[{table}]\nprovider = "scripted/{script}"\n'
-            text += f"options = {{ delay_s = {args.delay} }}\n"
-        config.write_text(text)
+        config.write_text(text + scripted_models(delay=args.delay))
         clean, crashed = Path(tmp) / "clean.db", Path(tmp) / "crashed.db"
         start = time.perf_counter()
         subprocess.run(command(config, clean), check=True, capture_output=True)

@@ -7,7 +7,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from helpers import scripted_models
 from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import BudgetSection, parse_config
@@ -15,6 +14,7 @@ from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignFinished, CounselorReply, Message, Usage
 from mhsafeeval.runtime.providers import ChatMessage, Completion, ModelSettings, open_model
 from mhsafeeval.storage import MemoryEventStore
+from mhsafeeval.testing import scripted_models
 
 pytestmark = pytest.mark.anyio
 

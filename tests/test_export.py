@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from helpers import scripted_models
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
@@ -37,7 +36,7 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.runtime.providers import CallParams, ChatMessage, PermanentProviderError
 from mhsafeeval.storage import MemoryEventStore
-from mhsafeeval.testing import demo_counselor, register_script
+from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import SAFE_REPLY, demo_judge
 
 pytestmark = pytest.mark.anyio

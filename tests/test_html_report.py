@@ -12,7 +12,6 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import scripted_models
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
@@ -21,7 +20,7 @@ from mhsafeeval.html_report import WARNING, build_html, embed_json
 from mhsafeeval.report import load_report
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore
-from mhsafeeval.testing import demo_counselor, register_script
+from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")

@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
-from helpers import cli, scripted_models
+from helpers import cli
 from mhsafeeval.messages import (
     CallFailed,
     ConversationFinished,
@@ -35,6 +35,7 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.storage import SqliteEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
+from mhsafeeval.testing import scripted_models
 
 PROFILES = '["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]'
 CONFIG = """
@@ -129,32 +130,24 @@ def stored(db: Path) -> list[Message]:
     return anyio.run(read, backend="asyncio")
 
 
+def without_latency(value: Any) -> Any:
+    """``value`` with every key naming a latency left out (latencies vary run to run)."""
+    if isinstance(value, dict):
+        return {k: without_latency(v) for k, v in value.items() if "latency" not in k}
+    if isinstance(value, list):
+        return [without_latency(v) for v in value]
+    return value
+
+
 def comparable(db: Path) -> dict[str, tuple[str, str]]:
-    """Every stored event by id: (type, JSON body without latencies, which vary run to run)."""
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "latency_s"}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
+    """Every stored event by id: (type, JSON body without latencies)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
         rows = con.execute("SELECT id, type, body FROM events").fetchall()
-    return {i: (t, json.dumps(strip(json.loads(b)), sort_keys=True)) for i, t, b in rows}
+    return {i: (t, json.dumps(without_latency(json.loads(b)), sort_keys=True)) for i, t, b in rows}
 
 
 def report(db: Path) -> Any:
-    out = json.loads(cli("report", str(db), "--json", check=True).stdout)
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if "latency" not in k}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return strip(out)
+    return without_latency(json.loads(cli("report", str(db), "--json", check=True).stdout))
 
 
 def check_exactly_once(events: list[Message], conversations: int, turns: int) -> None:

@@ -8,7 +8,6 @@ from typing import TypeVar
 
 import pytest
 
-from helpers import scripted_models
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
 from mhsafeeval.messages import (
@@ -25,6 +24,7 @@ from mhsafeeval.messages import (
 from mhsafeeval.search import UCTController, UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
+from mhsafeeval.testing import scripted_models
 
 pytestmark = pytest.mark.anyio
 M = TypeVar("M", bound=Message)

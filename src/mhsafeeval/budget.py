@@ -48,9 +48,7 @@ def check_prices(config: Config, source: str | Path) -> None:
         return
     from mhsafeeval.costs import model_cost
 
-    tables = [(f"models.{n}", m) for n, m in config.models.items()]
-    tables += [(f"counselors.{n}", m) for n, m in config.counselors.items()]
-    for where, model in tables:
+    for where, model in config.model_tables():
         if model_cost(model.provider, 1000, 1000) is None:
             raise InputError(
                 source,
@@ -81,20 +79,22 @@ class Budget:
         """Which limit stopped the campaign (None: none yet)."""
         self.stop = anyio.Event()
         self._idle: anyio.Event | None = None
+        spent: dict[tuple[str, str], list[int]] = {}  # priced once per model, not per message
         for msg in history:
             usage: Usage | None = getattr(msg, "usage", None)
             if usage is not None:
                 self.tokens += usage.prompt_tokens + usage.completion_tokens
                 fallback = configured(msg) if configured is not None else ""
-                self.usd += _cost(
-                    usage.model, usage.prompt_tokens, usage.completion_tokens, fallback
-                )
+                tally = spent.setdefault((usage.model, fallback), [0, 0])
+                tally[0] += usage.prompt_tokens
+                tally[1] += usage.completion_tokens
                 if isinstance(msg, CounselorReply):
                     self.counselor_calls += usage.calls
             elif isinstance(msg, CounselorReply):
                 self.counselor_calls += 1
             if isinstance(msg, CallFailed) and msg.agent == "counselor":
                 self.counselor_calls += 1
+        self.usd = sum(_cost(m, p, c, fallback) for (m, fallback), (p, c) in spent.items())
         self._check()
 
     @property

@@ -35,6 +35,7 @@ from mhsafeeval.config import Config, canonical_config, check_runnable, config_d
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import JUDGES
 from mhsafeeval.messages import (
+    ANSWERED_BY,
     ArchiveUpdated,
     CampaignFinished,
     CampaignStarted,
@@ -42,11 +43,8 @@ from mhsafeeval.messages import (
     ConversationFinished,
     ConversationStarted,
     CounselorReply,
-    Instruction,
     Message,
-    RefinerNotes,
     TurnCommitted,
-    Unjudged,
     Verdict,
 )
 from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
@@ -191,9 +189,7 @@ def preflight(config: Config, source: str | Path = "<config>") -> list[InputErro
     the problems (``check`` prints them as warnings; ``run`` refuses to start).
     """
     problems = []
-    tables = [(f"models.{n}", m) for n, m in config.models.items()]
-    tables += [(f"counselors.{n}", m) for n, m in config.counselors.items()]
-    for where, model in tables:
+    for where, model in config.model_tables():
         prefix = model.provider.partition("/")[0]
         try:
             resolve_provider(prefix)
@@ -586,28 +582,23 @@ async def run_campaign(
             )
             await rt.run_until_idle()
     except BaseException as exc:
-        if _is_budget_stop(exc):  # stopped cleanly at a limit: recorded, not an error
-            status = "stopped_budget"
-            with anyio.CancelScope(shield=True):
-                await store.append(
-                    CampaignFinished(
-                        campaign=c.name,
-                        key=f"stopped:{resumed_from}+{store.stats.appended}",
-                        status=status,
-                        detail=f"{budget.reached} reached: {budget.spent()}",
-                    )
+        budget_stop = _is_budget_stop(exc)  # stopped cleanly at a limit: not an error
+        if budget_stop:
+            status, detail = "stopped_budget", f"{budget.reached} reached: {budget.spent()}"
+        else:  # Ctrl-C or a crash: say so in the record
+            status = "interrupted" if not isinstance(exc, Exception) else "failed"
+            detail = f"{type(exc).__name__}: {exc}"[:500]
+        with anyio.CancelScope(shield=True):
+            await store.append(
+                CampaignFinished(
+                    campaign=c.name,
+                    # Not "finish": a resumed run still records how it ends.
+                    key=f"stopped:{resumed_from}+{store.stats.appended}",
+                    status=status,
+                    detail=detail,
                 )
-        else:
-            with anyio.CancelScope(shield=True):  # Ctrl-C or a crash: say so in the record
-                await store.append(
-                    CampaignFinished(
-                        campaign=c.name,
-                        # Not "finish": a resumed run still records how it ends.
-                        key=f"stopped:{resumed_from}+{store.stats.appended}",
-                        status="interrupted" if not isinstance(exc, Exception) else "failed",
-                        detail=f"{type(exc).__name__}: {exc}"[:500],
-                    )
-                )
+            )
+        if not budget_stop:
             raise
     finally:
         with anyio.CancelScope(shield=True):
@@ -628,15 +619,6 @@ async def run_campaign(
     )
 
 
-_ROLE_OF: dict[type[Message], str] = {
-    Instruction: "mutator",
-    ClientUtterance: "client",
-    Verdict: "judge",
-    Unjudged: "judge",
-    RefinerNotes: "refiner",
-}
-
-
 def _configured_model(config: Config, messages: list[Message]) -> Callable[[Message], str]:
     """The provider address configured for whoever answered a stored message."""
     counselor_of = {
@@ -644,10 +626,10 @@ def _configured_model(config: Config, messages: list[Message]) -> Callable[[Mess
     }
 
     def configured(msg: Message) -> str:
-        if isinstance(msg, CounselorReply):
+        role = ANSWERED_BY.get(type(msg))
+        if role == "counselor":
             model = config.counselors.get(counselor_of.get(msg.conversation, ""))
             return model.provider if model is not None else ""
-        role = _ROLE_OF.get(type(msg))
         return config.model_for(role).provider if role is not None else ""
 
     return configured

@@ -156,6 +156,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     counselors: dict[str, ModelSettings] = {}
     logging: LoggingSection = LoggingSection()
 
+    def model_tables(self) -> list[tuple[str, ModelSettings]]:
+        """Every model table with its key path (``models.judge``, ``counselors.my-bot``)."""
+        tables = [(f"models.{n}", m) for n, m in self.models.items()]
+        return tables + [(f"counselors.{n}", m) for n, m in self.counselors.items()]
+
     def model_for(self, role: str) -> ModelSettings:
         """The model an agent role uses: ``[models.ROLE]``, else ``[models.default]``."""
         settings = self.models.get(role) or self.models.get("default")

@@ -24,6 +24,7 @@ from mhsafeeval.runtime import HandlerFailed, Message
 from mhsafeeval.runtime.providers import Completion, ModelCallError
 
 __all__ = [
+    "ANSWERED_BY",
     "ArchiveUpdated",
     "CallFailed",
     "CampaignFinished",
@@ -350,3 +351,14 @@ class Transcript:
 
     def __len__(self) -> int:
         return len(self._turns)
+
+
+ANSWERED_BY: dict[type[Message], str] = {
+    Instruction: "mutator",
+    ClientUtterance: "client",
+    CounselorReply: "counselor",
+    Verdict: "judge",
+    Unjudged: "judge",
+    RefinerNotes: "refiner",
+}
+"""The agent role whose model call each answer message carries (its ``usage``)."""

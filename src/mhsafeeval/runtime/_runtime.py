@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Container, Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal, cast
 
@@ -267,7 +267,7 @@ class Runtime:
         self.published += 1
         routes = self._route(msg)
         conv = msg.conversation
-        for sub in routes:  # _instance() and _queue() inlined: this is the hot path
+        for sub in routes:  # _receivers() and _queue() inlined: this is the hot path
             if sub.topic is not None and sub.topic != topic:
                 continue
             mbox = sub.mailbox
@@ -293,13 +293,17 @@ class Runtime:
             self._routes[type(msg)] = routes
         return routes
 
-    def _instance(self, sub: _Subscription, conv: str) -> _Mailbox | None:
-        """The agent mailbox a message of ``conv`` goes to (spawned if needed); None for an
-        observer."""
-        if sub.mailbox is not None:
-            return sub.mailbox if sub.mailbox.agent is not None else None
-        key = conv if sub.scope == "conversation" else ""
-        return sub.instances.get(key) or self._spawn(sub, key)
+    def _receivers(self, msg: Message, topic: str) -> Iterator[tuple[_Subscription, _Mailbox]]:
+        """Each subscription ``msg`` goes to on ``topic``, with the mailbox it lands in: the
+        observer's, or the agent instance's (spawned if needed)."""
+        for sub in self._route(msg):
+            if sub.topic is not None and sub.topic != topic:
+                continue
+            mbox = sub.mailbox
+            if mbox is None:
+                key = msg.conversation if sub.scope == "conversation" else ""
+                mbox = sub.instances.get(key) or self._spawn(sub, key)
+            yield sub, mbox
 
     def _queue(self, mbox: _Mailbox, entry: Message | _Redo) -> None:
         if self._pending == 0:
@@ -329,22 +333,19 @@ class Runtime:
         """
         if self._replay is None:
             raise RuntimeError("call begin_replay() first")
-        for sub in self._route(msg):
-            if sub.topic is not None and sub.topic != topic:
-                continue
-            if sub.mailbox is not None and sub.mailbox.agent is None:
+        for sub, mbox in self._receivers(msg, topic):
+            agent = mbox.agent
+            if agent is None:  # an observer
                 if sub.replay:
-                    hook = getattr(sub.mailbox.callback, "replay", None)
+                    hook = getattr(mbox.callback, "replay", None)
                     if callable(hook):
                         hook(msg)  # the observer tells replayed messages from live ones
                     else:
-                        self._queue(sub.mailbox, msg)
+                        self._queue(mbox, msg)
                 continue
-            mbox = self._instance(sub, msg.conversation)
-            assert mbox is not None and mbox.agent is not None
-            for handler, is_async in mbox.agent.dispatch(type(msg)):
+            for handler, is_async in agent.dispatch(type(msg)):
                 if not is_async:
-                    getattr(mbox.agent, handler)(msg)
+                    getattr(agent, handler)(msg)
 
     def end_replay(self) -> tuple[int, list[Message]]:
         """Stop replaying; publish, in order, what agents published that was not stored (the
@@ -365,14 +366,10 @@ class Runtime:
         names: list[str] = []
         if msg.conversation in self._cancelled:
             return names
-        for sub in self._route(msg):
-            if sub.topic is not None and sub.topic != topic:
-                continue
-            if sub.mailbox is not None and sub.mailbox.agent is None:
-                continue
-            mbox = self._instance(sub, msg.conversation)
-            assert mbox is not None and mbox.agent is not None
+        for _, mbox in self._receivers(msg, topic):
             agent = mbox.agent
+            if agent is None:  # an observer
+                continue
             if any(a for _, a in agent.dispatch(type(msg))) and not agent.answered(msg, done):
                 self._queue(mbox, _Redo(msg))
                 names.append(mbox.name)

@@ -21,13 +21,11 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from mhsafeeval.messages import (
+    ANSWERED_BY,
     CallFailed,
-    ClientUtterance,
     ConversationStarted,
     CounselorReply,
-    Instruction,
     Message,
-    RefinerNotes,
     TurnCommitted,
     Unjudged,
     Usage,
@@ -37,14 +35,6 @@ from mhsafeeval.messages import (
 __all__ = ["ASR_AT", "CellMetrics", "ModelMetrics", "RoleUsage", "compute_metrics"]
 
 ASR_AT = (1, 3, 5, 10, 20)
-_ROLE_OF = {
-    Instruction: "mutator",
-    ClientUtterance: "client",
-    CounselorReply: "counselor",
-    Verdict: "judge",
-    Unjudged: "judge",
-    RefinerNotes: "refiner",
-}
 
 
 class CellMetrics(msgspec.Struct, kw_only=True):
@@ -126,7 +116,7 @@ def compute_metrics(
             continue
         key = (event.attempt, event.branch)
         turn = (event.conversation, event.turn)
-        role = _ROLE_OF.get(type(event))
+        role = ANSWERED_BY.get(type(event))
         spent: Usage | None = getattr(event, "usage", None)
         if role is not None and spent is not None:
             slot = usage[model][role]

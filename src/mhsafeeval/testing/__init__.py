@@ -4,7 +4,7 @@
   ``scripted/<name>`` like any provider, so tests inject at the provider seam.
 * :class:`Recorder`: an observer that keeps every message it sees, for assertions.
 * ``scripted/demo-*``: scripted personas for every agent role (see :mod:`._demo`), so a whole
-  campaign runs in seconds without a model.
+  campaign runs in seconds without a model; :func:`scripted_models` writes their config tables.
 """
 
 from mhsafeeval.runtime.providers._scripted import (
@@ -15,7 +15,13 @@ from mhsafeeval.runtime.providers._scripted import (
     register_script,
 )
 
-from ._demo import DEMO_SLIP_RATES, HARMS, demo_counselor, register_demo_scripts
+from ._demo import (
+    DEMO_SLIP_RATES,
+    HARMS,
+    demo_counselor,
+    register_demo_scripts,
+    scripted_models,
+)
 from ._recorder import Recorder
 
 __all__ = [
@@ -29,6 +35,7 @@ __all__ = [
     "demo_counselor",
     "register_demo_scripts",
     "register_script",
+    "scripted_models",
 ]
 
 register_demo_scripts()

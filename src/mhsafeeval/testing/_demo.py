@@ -21,7 +21,13 @@ from collections.abc import Mapping, Sequence
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.runtime.providers._scripted import register_script
 
-__all__ = ["DEMO_SLIP_RATES", "HARMS", "demo_counselor", "register_demo_scripts"]
+__all__ = [
+    "DEMO_SLIP_RATES",
+    "HARMS",
+    "demo_counselor",
+    "register_demo_scripts",
+    "scripted_models",
+]
 
 # category name (as the taxonomy names it, lowercased) ->
 #   (what the client says, the harmful phrase a failing counselor says, severity)
@@ -167,3 +173,31 @@ def register_demo_scripts() -> None:
     register_script("demo-counselor", demo_counselor)
     register_script("demo-judge", demo_judge)
     register_script("demo-refiner", demo_refiner)
+
+
+def scripted_models(
+    *,
+    judge: str = "demo-judge",
+    counselors: Mapping[str, str] | None = None,
+    delay: float = 0.0,
+) -> str:
+    """The ``[models.*]`` and ``[counselors.*]`` tables of a campaign config on scripted
+    personas (``scripted/demo-*`` unless named), each call taking ``delay`` seconds.
+
+    Example:
+        >>> tables = scripted_models(counselors={"weak": "demo-counselor"}, delay=0.5)
+        >>> print(tables.splitlines()[-3:])
+        ['[counselors.weak]', 'provider = "scripted/demo-counselor"', 'options = { delay_s = 0.5 }']
+    """
+    roles = {
+        "models.default": "demo-client",
+        "models.mutator": "demo-mutator",
+        "models.judge": judge,
+        "models.refiner": "demo-refiner",
+    }
+    chosen = counselors if counselors is not None else {"demo": "demo-counselor"}
+    roles.update({f"counselors.{name}": script for name, script in chosen.items()})
+    options = f"options = {{ delay_s = {delay} }}\n" if delay else ""
+    return "".join(
+        f'\n[{table}]\nprovider = "scripted/{script}"\n{options}' for table, script in roles.items()
+    )
