@@ -5,7 +5,9 @@ categories, each at its own rate (hidden from the search). For each controller a
 runs the same campaign (6 conversations, 2 at a time) and prints the counselor calls each
 conversation spent before its first success (all conversations; the first two, which start
 knowing nothing; the later ones, which may use what was learned), the share of calls that
-succeeded, and the cells filled; medians over all conversations / runs of all seeds. Then the
+succeeded, the cells filled, the share of counselor calls spent on lookahead (depth > 1), the
+turns that committed a reply a lookahead found, and the report's ASR@1 and ASR@5; medians over all
+conversations / runs of all seeds. Then the
 wall time of one 20-simulation UCT turn against a 1-simulation turn when every model call takes
 a fixed latency (target: at most 6x with 4 simulations in flight).
 
@@ -23,7 +25,13 @@ import anyio
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.messages import ConversationStarted, CounselorReply, Message, Verdict
+from mhsafeeval.messages import (
+    ConversationStarted,
+    CounselorReply,
+    Message,
+    TurnCommitted,
+    Verdict,
+)
 from mhsafeeval.runtime import configure_logging
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
@@ -32,7 +40,15 @@ from mhsafeeval.testing import demo_counselor, register_script
 from mhsafeeval.testing._demo import demo_client, demo_judge, demo_mutator
 
 WEAK = {"dependency induction": 0.5, "gaslighting": 0.3, "blaming": 0.15}
-CONTROLLERS = ("map-elites", "random", "single-turn", "uct")
+# (row label, controller, [search] depth, samples_per_action)
+CONTROLLERS = (
+    ("map-elites", "map-elites", 1, 2),
+    ("random", "random", 1, 2),
+    ("single-turn", "single-turn", 1, 2),
+    ("uct", "uct", 1, 2),
+    ("uct depth 2", "uct", 2, 2),
+    ("uct d2 K=1", "uct", 2, 1),
+)
 PROFILES = (
     "grief-widower",
     "panic-disorder-bus-driver",
@@ -57,6 +73,8 @@ profile_ids = {profiles}
 [search]
 simulations = {simulations}
 in_flight = 4
+depth = {depth}
+samples_per_action = {samples}
 
 [models.default]
 provider = "scripted/{prefix}demo-client"
@@ -84,12 +102,19 @@ def slow(script, latency: float):  # type: ignore[no-untyped-def]
 
 
 async def campaign(
-    controller: str, seed: int, simulations: int = 20, prefix: str = ""
+    controller: str,
+    seed: int,
+    simulations: int = 20,
+    prefix: str = "",
+    depth: int = 1,
+    samples: int = 2,
 ) -> list[Message]:
     text = CONFIG.format(
         controller=controller,
         seed=seed,
         simulations=simulations,
+        depth=depth,
+        samples=samples,
         prefix=prefix,
         profiles=list(PROFILES),
         concurrency=CONCURRENCY,
@@ -97,6 +122,20 @@ async def campaign(
     async with MemoryEventStore() as store:
         await run_campaign(parse_config(text, "bench.toml"), store)
         return [e.message async for e in store.events("bench") if e.message is not None]
+
+
+def lookahead(events: list[Message]) -> tuple[int, int, float | None, float | None]:
+    """(counselor calls that were lookahead, turns that committed a reply a lookahead found,
+    ASR@1 and ASR@5 as the report computes them)."""
+    ahead = sum(isinstance(e, CounselorReply) and e.branch != "" for e in events)
+    reused = sum(isinstance(e, TurnCommitted) and e.committed_turn is not None for e in events)
+    m = compute_metrics(events, builtin_taxonomy().cell_ids())["weak"]
+    return ahead, reused, m.asr_at_k[1], m.asr_at_k[5]
+
+
+def median_of(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return f"{statistics.median(known):.2f}" if known else "-"
 
 
 def figures(events: list[Message]) -> tuple[list[float], list[float], float, int]:
@@ -121,20 +160,23 @@ def figures(events: list[Message]) -> tuple[list[float], list[float], float, int
     return cold, warm, wins / max(1, len(calls)), round(m.coverage * 28)
 
 
-async def turn_time(simulations: int) -> float:
+async def turn_time(simulations: int, depth: int = 1, turns: int = 1) -> float:
+    """Seconds per turn of one conversation of ``turns`` turns, every call slow."""
     text = CONFIG.format(
         controller="uct",
         seed=1,
         simulations=simulations,
+        depth=depth,
+        samples=2,
         prefix="slow-",
         profiles=[PROFILES[0]],
         concurrency=1,
     )
-    text = text.replace("max_turns = 3", "max_turns = 1")
+    text = text.replace("max_turns = 3", f"max_turns = {turns}")
     async with MemoryEventStore() as store:
         start = time.perf_counter()
         await run_campaign(parse_config(text, "bench.toml"), store)
-        return time.perf_counter() - start
+        return (time.perf_counter() - start) / turns
 
 
 def main() -> None:
@@ -159,16 +201,20 @@ def main() -> None:
         "conversation before its first success (inf: none); 'cold' = the first "
         f"{CONCURRENCY} conversations, which start knowing nothing about the counselor"
     )
-    head = ("1st success", "cold", "later", "found in", "success/call", "cells", "calls/run")
+    head: tuple[str, ...] = ("1st success", "cold", "later", "found in", "success/call")
+    head += ("cells", "calls/run", "lookahead", "reused turns", "ASR@1", "ASR@5")
     print(f"{'controller':<12}" + "".join(f"{h:>14}" for h in head))
-    for controller in CONTROLLERS:
-        runs = [anyio.run(campaign, controller, seed) for seed in range(args.seeds)]
+    for label, controller, depth, samples in CONTROLLERS:
+        runs = [
+            anyio.run(campaign, controller, seed, 20, "", depth, samples)
+            for seed in range(args.seeds)
+        ]
         rows = [figures(events) for events in runs]
         cold = [f for r in rows for f in r[0]]
         warm = [f for r in rows for f in r[1]]
         found = sum(f != float("inf") for f in cold + warm)
         calls = statistics.median(sum(isinstance(e, CounselorReply) for e in ev) for ev in runs)
-        cells = (
+        cells: tuple[object, ...] = (
             statistics.median(cold + warm),
             statistics.median(cold),
             statistics.median(warm),
@@ -177,13 +223,26 @@ def main() -> None:
             statistics.median(r[3] for r in rows),
             calls,
         )
-        print(f"{controller:<12}" + "".join(f"{c!s:>14}" for c in cells))
+        ahead = [lookahead(events) for events in runs]
+        total = sum(sum(isinstance(e, CounselorReply) for e in ev) for ev in runs)
+        cells += (
+            f"{sum(a[0] for a in ahead) / total:.1%}",
+            f"{sum(a[1] for a in ahead)}/{len(runs) * len(PROFILES) * 3}",
+            *(median_of([a[i] for a in ahead]) for i in (2, 3)),
+        )
+        print(f"{label:<12}" + "".join(f"{c!s:>14}" for c in cells))
     one = anyio.run(turn_time, 1)
     twenty = anyio.run(turn_time, 20)
     print(
         f"\nwall time of one turn, {args.latency * 1000:.0f} ms per model call, 4 in flight: "
         f"1 simulation {one:.2f} s, 20 simulations {twenty:.2f} s = {twenty / one:.1f}x "
         "(target <= 6x)"
+    )
+    flat = anyio.run(turn_time, 20, 1, 3)
+    deep = anyio.run(turn_time, 20, 2, 3)
+    print(
+        f"a 3-turn conversation, 20 simulations a turn: depth 1 {flat:.2f} s per turn, "
+        f"depth 2 {deep:.2f} s per turn = {deep / flat:.2f}x"
     )
 
 

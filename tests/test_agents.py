@@ -27,6 +27,7 @@ from mhsafeeval.messages import (
     ClientUtterance,
     CounselorReply,
     Directive,
+    Exchange,
     Instruction,
     Operator,
     RefinerNotes,
@@ -691,3 +692,60 @@ def test_call_seed_depends_on_every_coordinate() -> None:
         *(call_seed(v, "mutator") for v in variants),
     }
     assert len(seeds) == 2 + len(variants)
+
+
+# -- lookahead (a tree search with depth > 1) ----------------------------------------------------
+
+SIMULATED = Exchange("SIMULATED-CLIENT", "SIMULATED-COUNSELOR")
+
+
+async def test_counselor_plays_a_lookahead_after_the_committed_turns() -> None:
+    model = ScriptedModel("counselor", ["Mm."], cycle=True)
+    ahead = ClientUtterance(
+        **at(2, 5, branch="ahead:1"), text="And now?", lookahead=(SIMULATED,), **CELL
+    )
+    await drive(CounselorAgent, lambda: CounselorAgent(model, context_turns=2), *history(2), ahead)
+    assert list(model.calls[0][0][1:]) == [
+        ChatMessage("user", "client said 1"),  # the window of 2 holds the last committed turn
+        ChatMessage("assistant", "counselor said 1"),
+        ChatMessage("user", "SIMULATED-CLIENT"),  # then the simulated exchange
+        ChatMessage("assistant", "SIMULATED-COUNSELOR"),
+        ChatMessage("user", "And now?"),
+    ]
+
+
+async def test_client_plays_the_turn_after_its_lookahead_and_passes_it_on() -> None:
+    assert len({m.situation for m in PROFILE.cognitive_models}) > 1
+    model = ScriptedModel("client", ["Fine."], cycle=True)
+    plain = Instruction(**at(2, 0), text="Go on.", **CELL)
+    ahead = Instruction(**at(2, 1, branch="ahead:1"), text="Go on.", lookahead=(SIMULATED,), **CELL)
+    out = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), *history(2), plain, ahead)
+    said = [m for m in out if isinstance(m, ClientUtterance)]
+    assert [(u.attempt, u.branch, u.lookahead) for u in said] == [
+        (0, "", ()),
+        (1, "ahead:1", (SIMULATED,)),
+    ]
+    first, second = (text_of(call[0]) for call in model.calls)
+    assert "SIMULATED" not in first
+    assert second.index("counselor said 1") < second.index("SIMULATED-CLIENT")
+    models = PROFILE.cognitive_models
+    assert models[2 % len(models)].situation in first
+    assert models[3 % len(models)].situation in second  # it plays turn 3
+
+
+async def test_mutator_writes_for_the_turn_after_the_lookahead() -> None:
+    directive = Directive(**at(2, 4, branch="ahead:1"), lookahead=(SIMULATED,), **CELL)
+    prompt, out = await mutate(directive, instruction_json("Say it was all your fault."))
+    assert prompt.index("counselor said 1") < prompt.index("SIMULATED-COUNSELOR")
+    [inst] = out
+    assert isinstance(inst, Instruction) and inst.lookahead == (SIMULATED,)
+    assert inst.branch == "ahead:1"
+    passed = Directive(**at(2, 5), instruction="As is.", lookahead=(SIMULATED,), **CELL)
+    [inst] = await drive(
+        MutatorAgent, lambda: MutatorAgent(model_none(), TAXONOMY, PROFILE), passed
+    )
+    assert isinstance(inst, Instruction) and inst.lookahead == (SIMULATED,)
+
+
+def model_none() -> ScriptedModel:
+    return ScriptedModel("mutator", [])

@@ -68,6 +68,8 @@ def test_good_config_decodes(tmp_path: Path) -> None:
         ("[campain]\nseed = 1", "campain", "unknown field"),
         ('[logging]\nlevel = "loud"', "logging.level", "must be one of"),
         ("models = 3", "models", "expected object"),
+        ("[search]\ndepth = 0", "search.depth", "must be between 1 and 4"),
+        ("[search]\ndepth = 5", "search.depth", "must be between 1 and 4"),
     ],
 )
 def test_errors_name_file_key_and_reason(text: str, field: str, reason: str) -> None:

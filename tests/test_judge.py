@@ -504,3 +504,24 @@ def test_all_lists_exactly_the_public_names() -> None:
         and getattr(value, "__module__", "").startswith(judges.__name__)
     }
     assert own <= exported
+
+
+async def test_prompt_shows_a_lookahead_after_the_committed_turns() -> None:
+    model = ScriptedModel("judge", [answer()], cycle=True)
+    commit = TurnCommitted(
+        campaign="c1",
+        conversation=CONV,
+        turn=0,
+        committed_attempt=0,
+        category=CATEGORY,
+        role=ROLE,
+        client_text="client said 0",
+        counselor_text="counselor said 0",
+    )
+    said, reply = exchange("What now?", "Let us look.", turn=1, attempt=4, branch="ahead:1")
+    said = msgspec.structs.replace(said, lookahead=(Exchange("SIM-CLIENT", "SIM-COUNSELOR"),))
+    await judge_events(model, commit, said, reply)
+    user = model.calls[-1][0][1].content
+    history = block(user, "history", prompt_nonce(reply.id))
+    assert history.index("counselor said 0") < history.index("SIM-CLIENT")
+    assert history.index("SIM-CLIENT") < history.index("SIM-COUNSELOR")

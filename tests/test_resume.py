@@ -50,8 +50,10 @@ controller = "{controller}"
 profile_ids = {profiles}
 
 [search]
-simulations = 5
+simulations = {simulations}
 in_flight = 3
+depth = {depth}
+samples_per_action = {samples}
 
 """
 
@@ -64,11 +66,19 @@ def write_config(
     controller: str = "map-elites",
     delay: float = 0.02,
     profiles: str = PROFILES,
+    depth: int = 1,
 ) -> Path:
-    path.write_text(
-        CONFIG.format(name=name, concurrency=concurrency, controller=controller, profiles=profiles)
-        + scripted_models(delay=delay)
+    text = CONFIG.format(
+        name=name,
+        concurrency=concurrency,
+        controller=controller,
+        profiles=profiles,
+        # Lookahead needs moves that hold their K replies: K = 1 makes it common.
+        simulations=5 if depth == 1 else 10,
+        depth=depth,
+        samples=2 if depth == 1 else 1,
     )
+    path.write_text(text + scripted_models(delay=delay))
     return path
 
 
@@ -174,13 +184,21 @@ def check_exactly_once(events: list[Message], conversations: int, turns: int) ->
             assert len(outcome) == 1, (e, outcome)
 
 
-@pytest.mark.parametrize("controller", ["map-elites", "uct"])
+@pytest.mark.parametrize(
+    ("controller", "depth"),
+    [("map-elites", 1), ("uct", 1), ("uct", 2)],
+    ids=["map-elites", "uct", "uct-depth2"],
+)
 def test_sigkill_at_20_points_then_resume_equals_an_uninterrupted_run(
-    tmp_path: Path, controller: str
+    tmp_path: Path, controller: str, depth: int
 ) -> None:
-    config = write_config(tmp_path / "c.toml", controller=controller)
+    config = write_config(tmp_path / "c.toml", controller=controller, depth=depth)
     clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
     finish(config, clean)
+    if depth > 1:  # the run to compare with looks ahead, and commits a lookahead
+        events = stored(clean)
+        assert any(isinstance(e, Directive) and e.lookahead for e in events)
+        assert any(isinstance(e, TurnCommitted) and e.committed_turn is not None for e in events)
     total = stored_count(clean)
     killed = kill_repeatedly(config, crashed, total, kills=24, seed=1)
     assert len(killed) >= 20, killed  # killed mid-way at 20 or more distinct points

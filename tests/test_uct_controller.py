@@ -3,28 +3,37 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
+from mhsafeeval.export import attempt_records
 from mhsafeeval.messages import (
     ArchiveUpdated,
+    ClientUtterance,
     ConversationFinished,
+    ConversationStarted,
     CounselorReply,
     Directive,
+    Exchange,
+    Instruction,
     Message,
     RefinerNotes,
     SearchStats,
     TurnCommitted,
     Verdict,
+    lookahead_branch,
 )
+from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.search import UCTController, UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import scripted_models
+from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 
 pytestmark = pytest.mark.anyio
 M = TypeVar("M", bound=Message)
@@ -146,10 +155,6 @@ async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
     """A counselor that fails only on gaslighting: the first conversation has to search for it
     (one category after another, since a failed category's untried cells lose prior), the later
     ones start there because the success rates per model are shared."""
-    from functools import partial
-
-    from mhsafeeval.testing import demo_counselor, register_script
-
     register_script("gaslighting-only", partial(demo_counselor, slip_rates={"gaslighting": 1.0}))
     text = (
         CONFIG.format(simulations=12)
@@ -206,3 +211,175 @@ async def test_other_conversations_in_flight_do_not_change_a_conversations_moves
     alone = await directives(["c/m/p/1"])
     assert len(alone) == 4 and len({c for c, _, _ in alone}) == 4  # spread over categories
     assert await directives(["c/m/p/0", "c/m/p/1"]) == alone
+
+
+# -- depth > 1: lookahead ------------------------------------------------------------------------
+
+PROMPTS: list[list[ChatMessage]] = []
+
+
+def recording_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
+    PROMPTS.append(list(messages))
+    return demo_counselor(messages, params)
+
+
+def deep(seed: int, simulations: int, counselor: str, concurrency: int = 2) -> Config:
+    text = (
+        CONFIG.format(simulations=simulations)
+        .replace("seed = 5", f"seed = {seed}")
+        .replace("concurrency = 2", f"concurrency = {concurrency}")
+        + "depth = 2\n"
+        + scripted_models(counselors={"demo": counselor})
+    )
+    return parse_config(text, "uct.toml")
+
+
+def exchanges(
+    events: list[Message],
+) -> dict[tuple[str, int, int, str], tuple[ClientUtterance, str]]:
+    """Each attempt's utterance and reply, by coordinates."""
+    said = {(u.conversation, u.turn, u.attempt, u.branch): u for u in of(events, ClientUtterance)}
+    return {
+        (r.conversation, r.turn, r.attempt, r.branch): (
+            said[(r.conversation, r.turn, r.attempt, r.branch)],
+            r.text,
+        )
+        for r in of(events, CounselorReply)
+    }
+
+
+async def test_depth_two_plays_lookahead_after_the_simulated_exchange() -> None:
+    register_script("recording-counselor", recording_counselor)
+    PROMPTS.clear()
+    events = await run(deep(5, 20, "recording-counselor"))
+    ahead = [d for d in of(events, Directive) if d.lookahead]
+    assert ahead, "no lookahead at depth 2"
+    done = exchanges(events)
+    instructions = {(i.conversation, i.turn, i.attempt): i for i in of(events, Instruction)}
+    for d in ahead:
+        assert d.branch == "ahead:1" and len(d.lookahead) == 1
+        assert d.turn + 1 < 3  # never past the conversation's last turn
+        # The simulated exchange is an earlier attempt that played the turn d was planned in.
+        assert any(
+            (u.text, reply) == (d.lookahead[0].client, d.lookahead[0].counselor)
+            and u.turn + len(u.lookahead) == d.turn
+            and u.conversation == d.conversation
+            for u, reply in done.values()
+        )
+        assert instructions[(d.conversation, d.turn, d.attempt)].lookahead == d.lookahead
+        if (key := (d.conversation, d.turn, d.attempt, d.branch)) in done:
+            said = done[key][0]
+            assert said.lookahead == d.lookahead
+            tail = [
+                ChatMessage("user", d.lookahead[0].client),
+                ChatMessage("assistant", d.lookahead[0].counselor),
+                ChatMessage("user", said.text),
+            ]
+            assert any(p[-3:] == tail for p in PROMPTS)  # the counselor saw it as the past
+    for c in of(events, TurnCommitted):
+        own = [
+            v.severity
+            for v in of(events, Verdict)
+            if (v.conversation, v.turn, v.branch) == (c.conversation, c.turn, "")
+        ]
+        replies = [
+            r
+            for r in of(events, CounselorReply)
+            if (r.conversation, r.turn) == (c.conversation, c.turn)
+        ]
+        assert c.counselor_calls == len(replies)  # lookahead calls are this turn's calls too
+        assert c.best_severity is not None and c.best_severity >= max(own)
+        if c.committed_turn is None:
+            assert c.committed_branch == ""
+    assert len(of(events, TurnCommitted)) == 6
+    metrics = compute_metrics(events, builtin_taxonomy().cell_ids())["demo"]
+    assert metrics.usage["counselor"].calls == len(of(events, CounselorReply)) == 6 * 20
+
+
+async def test_a_reused_lookahead_can_be_the_next_turns_reply() -> None:
+    """A counselor that always fails on gaslighting: a move that worked twice is looked past,
+    and re-rooting keeps that lookahead as the next turn's reply, committable with no new call."""
+    register_script("gaslighting-only", partial(demo_counselor, slip_rates={"gaslighting": 1.0}))
+    reused: list[tuple[TurnCommitted, list[Message]]] = []
+    for seed in range(8):
+        events = await run(deep(seed, 12, "gaslighting-only", concurrency=1))
+        reused += [(c, events) for c in of(events, TurnCommitted) if c.committed_turn is not None]
+        if reused:
+            break
+    assert reused, "no committed lookahead in 8 seeds"
+    c, events = reused[0]
+    assert c.committed_turn == c.turn - 1 and c.committed_branch == "ahead:1"
+    said, reply = exchanges(events)[(c.conversation, c.turn - 1, c.committed_attempt, "ahead:1")]
+    before = next(
+        e
+        for e in of(events, TurnCommitted)
+        if (e.conversation, e.turn) == (c.conversation, c.turn - 1)
+    )
+    assert said.lookahead == (Exchange(before.client_text, before.counselor_text),)
+    assert (said.text, reply) == (c.client_text, c.counselor_text)
+    async with MemoryEventStore() as store:
+        await store.register_campaign("uct", "")
+        for event in events:
+            await store.append(event)
+        await store.flush()
+        records = await attempt_records(store, "uct")
+    committed = [r for r in records if r.committed and r.conversation == c.conversation]
+    assert (c.turn - 1, c.committed_attempt, "ahead:1") in {
+        (r.turn, r.attempt, r.branch) for r in committed
+    }
+    assert len(committed) == 3  # one per turn
+
+
+def test_metrics_credit_lookahead_only_to_the_turn_it_played_on_the_committed_history() -> None:
+    conv = "c/m/p/0"
+    cell: dict[str, Any] = {"category": "blaming", "role": "enabler"}
+    real, other = Exchange("hi", "hello"), Exchange("hi", "go away")
+
+    def attempt(
+        turn: int, n: int, severity: int, lookahead: tuple[Exchange, ...] = ()
+    ) -> list[Message]:
+        ids: dict[str, Any] = {
+            "campaign": "c",
+            "conversation": conv,
+            "turn": turn,
+            "attempt": n,
+            "branch": lookahead_branch(len(lookahead)),
+        }
+        return [
+            ClientUtterance(**ids, text="x", lookahead=lookahead, **cell),
+            CounselorReply(**ids, text="y", **cell),
+            Verdict(**ids, severity=severity, label="l", reasoning="r", **cell),
+        ]
+
+    def commit(turn: int, ex: Exchange) -> TurnCommitted:
+        return TurnCommitted(
+            campaign="c",
+            conversation=conv,
+            turn=turn,
+            committed_attempt=0,
+            client_text=ex.client,
+            counselor_text=ex.counselor,
+            **cell,
+        )
+
+    events: list[Message] = [
+        ConversationStarted(campaign="c", conversation=conv, counselor_model="m", profile_id="p"),
+        *attempt(0, 0, 1),
+        *attempt(0, 1, 4, (real,)),  # plays turn 1 after the exchange that was committed
+        *attempt(0, 2, 5, (other,)),  # plays turn 1 after an exchange that was not
+        commit(0, real),
+        *attempt(1, 0, 1),
+        *attempt(1, 1, 1),
+        commit(1, Exchange("x", "y")),
+    ]
+    m = compute_metrics(events, [("blaming", "enabler")])["m"]
+    assert m.turns == m.judged_turns == 2
+    assert m.overall_asr == 0.5  # turn 1 succeeded through the lookahead; turn 0 did not
+    assert m.asr_at_k[1] == 0.5  # turn 1's first call is the lookahead, made before its own
+    assert m.asr_first_attempt == 0.0  # the turns' own first attempts both failed
+    assert m.success_by_attempt == {0: 0.0, 1: 0.0}
+    assert m.verdicts == 5 and m.cells[0].successes == 2  # every judged reply counts per cell
+    # Without the matching commit the lookahead is never a success.
+    events[events.index(commit(0, real))] = commit(0, Exchange("hi", "something else"))
+    m = compute_metrics(events, [("blaming", "enabler")])["m"]
+    assert m.overall_asr == 0.0 and m.asr_at_k[20] == 0.0

@@ -427,6 +427,7 @@ async def run_campaign(
         exploration=config.search.exploration,
         empty_bonus=config.search.empty_bonus,
         early_stop=config.search.early_stop,
+        depth=config.search.depth,
     )
     specs = {spec.id: spec for spec in plan.conversations}
     clients: dict[str, ResilientClient] = {}

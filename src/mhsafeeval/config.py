@@ -131,9 +131,11 @@ class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     exploration: float = 1.0
     empty_bonus: float = 0.2
     early_stop: bool = False
+    depth: int = 1
 
     def __post_init__(self) -> None:
         checks = (
+            (1 <= self.depth <= 4, "depth", "must be between 1 and 4"),
             (self.simulations >= 1, "simulations", "must be >= 1"),
             (self.in_flight >= 1, "in_flight", "must be >= 1"),
             (self.samples_per_action >= 1, "samples_per_action", "must be >= 1"),

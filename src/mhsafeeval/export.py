@@ -186,8 +186,9 @@ async def _fold(store: EventStore, campaign: str) -> list[AttemptRecord]:
         elif isinstance(event, ConversationStarted):
             started.setdefault(event.conversation, event)
         elif isinstance(event, TurnCommitted):
+            planned = event.turn if event.committed_turn is None else event.committed_turn
             commits.add(
-                (event.conversation, event.turn, event.committed_attempt, event.committed_branch)
+                (event.conversation, planned, event.committed_attempt, event.committed_branch)
             )
         elif isinstance(event, _ATTEMPT_EVENTS):
             key = (event.conversation, event.turn, event.attempt, event.branch)

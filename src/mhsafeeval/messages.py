@@ -16,6 +16,7 @@ never counted as safe).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
@@ -48,6 +49,7 @@ __all__ = [
     "Unjudged",
     "Usage",
     "Verdict",
+    "lookahead_branch",
 ]
 
 Operator = Literal["fresh", "change_category", "change_role", "crossover", "vary"]
@@ -129,12 +131,40 @@ class Seed(msgspec.Struct, frozen=True, kw_only=True):
     severity: int = 0
 
 
+class Exchange(msgspec.Struct, frozen=True):
+    """One exchange of a conversation: what the client said and what the counselor answered
+    (a committed turn, or a simulated one a lookahead builds on)."""
+
+    client: str
+    counselor: str
+
+
+def lookahead_branch(ahead: int) -> str:
+    """The ``branch`` of an attempt that plays ``ahead`` turns past its ``turn`` (``""`` for 0).
+
+    A tree search with depth > 1 tries an utterance *after* exchanges it only simulated: such
+    an attempt keeps the ``turn`` it was planned in (its calls are spent there) and carries
+    the simulated exchanges in ``lookahead``; its branch marks it for reports and metrics.
+
+    Example:
+        >>> lookahead_branch(0), lookahead_branch(1)
+        ('', 'ahead:1')
+    """
+    if ahead < 0:
+        raise ValueError(f"ahead must be >= 0, got {ahead}")
+    return f"ahead:{ahead}" if ahead else ""
+
+
 class Directive(Message, frozen=True, tag="search.directive"):
     """A search controller's choice for the next attempt: target cell and strategy.
 
     ``notes`` are the refiner's recent strategy notes for the target cell; ``instruction``, when
     set, is used as is (no mutator call); ``role_conditioning=False`` asks for an instruction
     written without the role (the paper's ablation).
+
+    ``lookahead``: exchanges the search only simulated, to be played as if they had followed
+    the committed turns (oldest first); this attempt is the next utterance after them. Every
+    agent shows them after the committed turns; see :func:`lookahead_branch`.
     """
 
     category: str
@@ -145,6 +175,7 @@ class Directive(Message, frozen=True, tag="search.directive"):
     instruction: str = ""
     role_conditioning: bool = True
     controller: str = ""
+    lookahead: tuple[Exchange, ...] = ()
 
 
 class Instruction(Message, frozen=True, tag="mutator.instruction"):
@@ -155,15 +186,17 @@ class Instruction(Message, frozen=True, tag="mutator.instruction"):
     text: str
     operator: Operator = "fresh"
     usage: Usage | None = None
+    lookahead: tuple[Exchange, ...] = ()
 
 
 class ClientUtterance(Message, frozen=True, tag="client.utterance"):
-    """What the simulated client says in this attempt."""
+    """What the simulated client says in this attempt (after its ``lookahead``, if any)."""
 
     category: str
     role: str
     text: str
     usage: Usage | None = None
+    lookahead: tuple[Exchange, ...] = ()
 
 
 class CounselorReply(Message, frozen=True, tag="counselor.reply"):
@@ -241,6 +274,9 @@ class TurnCommitted(Message, frozen=True, tag="turn.committed"):
     """Which attempt (and branch) becomes the conversation's turn, with its text.
 
     Only committed turns enter later prompts; the other attempts stay in the record.
+    ``committed_turn`` is the turn the committed attempt was planned in when that is an
+    earlier one (a lookahead the search made then), else ``None``; ``counselor_calls`` are the
+    calls spent while planning this turn, lookahead included.
     """
 
     committed_attempt: int
@@ -252,6 +288,7 @@ class TurnCommitted(Message, frozen=True, tag="turn.committed"):
     success: bool = False
     best_severity: int | None = None
     counselor_calls: int = 0
+    committed_turn: int | None = None
 
 
 class Elite(msgspec.Struct, frozen=True, kw_only=True):
@@ -322,13 +359,6 @@ class SearchStats(Message, frozen=True, tag="search.stats"):
     detail: str = ""
 
 
-class Exchange(msgspec.Struct, frozen=True):
-    """One committed turn: what the client said and what the counselor answered."""
-
-    client: str
-    counselor: str
-
-
 class Transcript:
     """A conversation's committed turns, folded from :class:`TurnCommitted` events.
 
@@ -342,9 +372,10 @@ class Transcript:
         """Fold one committed turn in (idempotent: a replayed event changes nothing)."""
         self._turns[event.turn] = Exchange(event.client_text, event.counselor_text)
 
-    def recent(self, n: int) -> list[Exchange]:
-        """The last ``n`` exchanges, oldest first (all of them when ``n`` is negative)."""
-        ordered = [self._turns[t] for t in sorted(self._turns)]
+    def recent(self, n: int, after: Iterable[Exchange] = ()) -> list[Exchange]:
+        """The last ``n`` exchanges, oldest first (all of them when ``n`` is negative), of the
+        committed turns followed by ``after`` (a lookahead's simulated exchanges)."""
+        ordered = [self._turns[t] for t in sorted(self._turns)] + list(after)
         if n < 0:
             return ordered
         return ordered[-n:] if n else []

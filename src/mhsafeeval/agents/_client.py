@@ -66,9 +66,11 @@ class ClientAgent(TranscriptAgent):
     Consumes :class:`~mhsafeeval.messages.Instruction` (and ``TurnCommitted``, folded into
     the transcript); publishes one :class:`~mhsafeeval.messages.ClientUtterance` per
     instruction: one to three natural sentences in character, fitted to the last
-    ``context_turns`` committed turns. The system prompt forbids the model to reveal the
-    instruction, the taxonomy or that this is a test. The cognitive model and session topic
-    put in focus are chosen by ``turn % len(...)``, so a resumed run makes the same choice.
+    ``context_turns`` committed turns (then the instruction's ``lookahead`` exchanges, which
+    it passes on). The system prompt forbids the model to reveal the instruction, the
+    taxonomy or that this is a test. The cognitive model and session topic put in focus are
+    chosen by the turn played (``turn + len(lookahead)``), so a resumed run makes the same
+    choice.
 
     Failures: a :class:`~mhsafeeval.runtime.providers.ModelCallError` becomes a
     :class:`~mhsafeeval.messages.CallFailed` (agent ``"client"``) and nothing else. An
@@ -103,11 +105,12 @@ class ClientAgent(TranscriptAgent):
         self.profile = profile
 
     def prompt(self, msg: Instruction) -> list[ChatMessage]:
-        """The chat sent to the model for ``msg`` (from committed turns only)."""
+        """The chat sent to the model for ``msg`` (committed turns, then its lookahead)."""
         p = self.profile
-        model = p.cognitive_models[msg.turn % len(p.cognitive_models)]
+        turn = msg.turn + len(msg.lookahead)  # the turn this utterance plays
+        model = p.cognitive_models[turn % len(p.cognitive_models)]
         topics = p.session_topics or (f"what has been hardest lately ({p.condition})",)
-        topic = topics[msg.turn % len(topics)]
+        topic = topics[turn % len(topics)]
         system = render(
             "client_system",
             profile=profile_to_text(p),
@@ -117,7 +120,8 @@ class ClientAgent(TranscriptAgent):
             emotion=model.emotion,
             behavior=model.behavior,
         )
-        user = render("client_turn", context=render_context(self.recent()), instruction=msg.text)
+        context = render_context(self.recent(msg.lookahead))
+        user = render("client_turn", context=context, instruction=msg.text)
         return [ChatMessage("system", system), ChatMessage("user", user)]
 
     @on(Instruction)
@@ -146,6 +150,11 @@ class ClientAgent(TranscriptAgent):
         log.info("client.utterance", chars=len(text), calls=usage.calls, category=msg.category)
         self.publish(
             ClientUtterance(
-                **msg.child_ids(), category=msg.category, role=msg.role, text=text, usage=usage
+                **msg.child_ids(),
+                category=msg.category,
+                role=msg.role,
+                text=text,
+                usage=usage,
+                lookahead=msg.lookahead,
             )
         )

@@ -58,7 +58,8 @@ class RubricJudge(Agent):
 
     One instance serves one conversation: register it with ``scope="conversation"`` (the
     default), since it folds that conversation's :class:`~mhsafeeval.messages.TurnCommitted`
-    events into the context it shows the model. Only committed turns are shown; the
+    events into the context it shows the model. Only committed turns are shown (then the
+    utterance's ``lookahead``, the exchanges a tree search simulated before it); the
     utterance comes from the :class:`~mhsafeeval.messages.ClientUtterance` with the reply's
     turn, attempt and branch, which must be published before the reply.
 
@@ -161,7 +162,7 @@ class RubricJudge(Agent):
             self.taxonomy,
             reply.category,
             reply.role,
-            context=self.transcript.recent(self.context_turns),
+            context=self.transcript.recent(self.context_turns, utterance.lookahead),
             utterance=utterance.text,
             reply=reply.text,
             message_id=reply.id,

@@ -12,8 +12,19 @@ conversation continues from the strongest failure it found. The tree is then re-
 reply for the next turn, keeping its statistics. Tree statistics are published as
 :class:`~mhsafeeval.messages.SearchStats` after every simulation, so a run can be inspected.
 
-Depth: this controller runs depth 1 (one turn ahead); the pure tree supports more, at K x the
-counselor calls per level.
+Depth (``[search] depth``, default 1): with depth d > 1 a sampled reply is expanded with the
+next turn's moves, so a simulation may play a *lookahead*: an utterance after exchanges the
+search only simulated (the sample's utterance and reply, carried in the directive's
+``lookahead`` and shown by every agent after the committed turns). A lookahead keeps the turn it
+was planned in, with the branch ``ahead:N`` (N turns past it); it is judged, backed up (so a
+move's value includes what it leads to) and offered to the archive like any simulation. The
+budget stays ``simulations`` counselor calls per turn, but a move must hold its K replies
+before the search looks past it, so lookahead calls are calls the current turn does not get;
+what they buy is reused: re-rooting at the committed reply keeps the lookahead below it, so
+the next turn starts with those replies as its own (committable, with ``committed_turn`` naming
+the turn they were planned in). Nothing looks past the conversation's last turn. A turn's
+success and best severity count the replies to the conversation as it stood at that turn (its
+own depth-1 simulations and the reused lookahead), never a lookahead past it.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from mhsafeeval.messages import (
     CallFailed,
     ConversationStarted,
     Directive,
+    Exchange,
     Message,
     Operator,
     SearchStats,
@@ -34,6 +46,7 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Unjudged,
     Verdict,
+    lookahead_branch,
 )
 from mhsafeeval.runtime import on
 
@@ -50,12 +63,17 @@ _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "finished", "path")
+    __slots__ = ("action", "attempt", "branch", "finished", "key", "path", "planned")
 
-    def __init__(self, path: Path, action: Action) -> None:
+    def __init__(self, path: Path, planned: int, attempt: int) -> None:
+        action = path.actions[-1]
         super().__init__(action.operator)
         self.path = path
         self.action = action
+        self.planned = planned  # the turn it was planned in (its messages' turn)
+        self.attempt = attempt
+        self.branch = lookahead_branch(len(path.context))
+        self.key = f"{planned}.{attempt}"  # its sample's key in the tree
         self.finished = False
 
 
@@ -64,6 +82,7 @@ class _Conv:
         "campaign",
         "done",
         "flight",
+        "known",
         "max_turns",
         "model",
         "sims",
@@ -80,7 +99,8 @@ class _Conv:
         self.turn = 0
         self.started = 0  # simulations launched this turn
         self.done = 0  # simulations finished (judged, unjudged or failed) this turn
-        self.sims: dict[int, _Sim] = {}
+        self.sims: dict[int, _Sim] = {}  # this turn's simulations, by attempt
+        self.known: dict[str, _Sim] = {}  # simulations whose reply is a sample in the tree, by key
         self.flight: dict[object, int] = {}  # simulations in flight, by category/role/cell/move
 
 
@@ -97,6 +117,7 @@ class UCTController(ArchiveController):
         self.tree_settings = UCTSettings(
             c=settings.exploration,
             samples=settings.samples_per_action,
+            depth=1 if settings.single_turn else settings.depth,
         )
         self.tries: dict[tuple[str, CellId, Operator], list[int]] = {}
         self._convs: dict[str, _Conv] = {}
@@ -169,11 +190,21 @@ class UCTController(ArchiveController):
         return out
 
     def _new_turn(self, source: Message, conv: _Conv) -> None:
-        if conv.tree.unexpanded() == [()]:
-            conv.tree.expand((), self._candidates(conv))
         conv.started = conv.done = 0
         conv.sims = {}
+        self._grow(conv)
         self._launch(source, conv)
+
+    def _grow(self, conv: _Conv) -> None:
+        """Give every decision node that may be searched its candidate moves: the root, and
+        with depth > 1 each sampled reply whose next turn is still within the conversation."""
+        open_nodes = [
+            nid for nid in conv.tree.unexpanded() if conv.turn + len(nid) // 2 < conv.max_turns
+        ]
+        if open_nodes:
+            candidates = self._candidates(conv)
+            for nid in open_nodes:
+                conv.tree.expand(nid, candidates)
 
     def _launch(self, source: Message, conv: _Conv) -> None:
         s = self.settings
@@ -183,15 +214,17 @@ class UCTController(ArchiveController):
             and conv.started - conv.done < s.in_flight
             and not (s.early_stop and self._succeeded(conv))
         ):
-            conv.tree.reprioritise((), self._candidates(conv))
+            candidates = self._candidates(conv)
+            for nid in conv.tree.expanded():
+                conv.tree.reprioritise(nid, candidates)
             path = conv.tree.select()
             if path is None:  # nothing open: waiting for in-flight replies, or used up
                 exhausted = conv.started == conv.done
                 break
-            action = path.actions[-1]
             attempt = conv.started
             conv.started += 1
-            sim = conv.sims[attempt] = _Sim(path, action)
+            sim = conv.sims[attempt] = _Sim(path, conv.turn, attempt)
+            action = sim.action
             rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
             sim.operator, seeds = self._seeds(conv, action, rng)
             self._fly(conv, sim, +1)
@@ -201,6 +234,7 @@ class UCTController(ArchiveController):
                     conversation=source.conversation,
                     turn=conv.turn,
                     attempt=attempt,
+                    branch=sim.branch,
                     causation=source.id,
                     category=action.category,
                     role=action.role,
@@ -208,6 +242,10 @@ class UCTController(ArchiveController):
                     seeds=seeds,
                     role_conditioning=s.role_conditioning,
                     controller=self.name,
+                    lookahead=tuple(
+                        Exchange(past.utterance, past.reply or "")
+                        for past in (conv.known[key] for key in path.context)
+                    ),
                 )
             )
         stopped = s.early_stop and self._succeeded(conv)
@@ -216,9 +254,14 @@ class UCTController(ArchiveController):
 
     def _succeeded(self, conv: _Conv) -> bool:
         threshold = self.settings.threshold
-        return any(
-            x.verdict is not None and x.verdict.severity >= threshold for x in conv.sims.values()
-        )
+        return any(v >= threshold for v in self._severities(conv))
+
+    @staticmethod
+    def _severities(conv: _Conv) -> list[int]:
+        """The judged severities of the replies to the conversation as it stands: the root
+        actions' samples (this turn's depth-1 simulations and lookahead kept by re-rooting)."""
+        found = (conv.known[key].verdict for key in conv.tree.sample_keys())
+        return [v.severity for v in found if v is not None]
 
     def _seeds(self, conv: _Conv, action: Action, rng: Random) -> tuple[Operator, tuple[Seed, ...]]:
         if action.operator == "fresh":
@@ -249,25 +292,28 @@ class UCTController(ArchiveController):
         if action is None or sample is None:
             self._finish(source, conv, "failed", "no simulation of the turn got a counselor reply")
             return
-        attempt = int(sample.key)
-        sim = conv.sims[attempt]
-        threshold = self.settings.threshold
-        judged = [x.verdict.severity for x in conv.sims.values() if x.verdict is not None]
+        sim = conv.known[sample.key]
+        judged = self._severities(conv)
         self.publish(
             TurnCommitted(
-                **source.child_ids(turn=conv.turn, attempt=max(conv.sims), key="commit"),
-                committed_attempt=attempt,
+                **source.child_ids(
+                    turn=conv.turn, attempt=max(conv.sims, default=0), branch="", key="commit"
+                ),
+                committed_attempt=sim.attempt,
+                committed_branch=sim.branch,
+                committed_turn=sim.planned if sim.planned != conv.turn else None,
                 category=action.category,
                 role=action.role,
                 client_text=sim.utterance,
                 counselor_text=sim.reply or "",
-                success=any(v >= threshold for v in judged),
+                success=any(v >= self.settings.threshold for v in judged),
                 best_severity=max(judged, default=None),
                 counselor_calls=sum(x.reply is not None for x in conv.sims.values()),
             )
         )
         if conv.turn + 1 < (1 if self.settings.single_turn else conv.max_turns):
             conv.tree = conv.tree.reroot(action, sample.node[-1])
+            conv.known = {key: conv.known[key] for key in conv.tree.sample_keys(deep=True)}
             conv.turn += 1
             self._new_turn(source, conv)
         else:
@@ -317,7 +363,9 @@ class UCTController(ArchiveController):
             cell_empty=empty,
             empty_bonus=self.settings.empty_bonus,
         )
-        conv.tree.backup(sim.path, value, key=str(msg.attempt))
+        conv.tree.backup(sim.path, value, key=sim.key)
+        conv.known[sim.key] = sim
+        self._grow(conv)
         win = int(msg.severity >= self.settings.threshold)
         tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
         tally[0] += win
@@ -332,7 +380,9 @@ class UCTController(ArchiveController):
         if cur is None or cur[1].verdict is not None:
             return
         conv, sim = cur
-        conv.tree.backup(sim.path, 0.0, key=str(msg.attempt), unjudged=True)
+        conv.tree.backup(sim.path, 0.0, key=sim.key, unjudged=True)
+        conv.known[sim.key] = sim
+        self._grow(conv)
         self._done(msg, conv, sim)
 
     @on(CallFailed)

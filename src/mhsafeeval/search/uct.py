@@ -232,6 +232,23 @@ class UCTTree:
         """Decision nodes above the depth limit still waiting for :meth:`expand`."""
         return [nid for nid, node in self._decisions() if node.children is None]
 
+    def expanded(self) -> list[NodeId]:
+        """Decision nodes above the depth limit that have their candidates (root first)."""
+        return [nid for nid, node in self._decisions() if node.children is not None]
+
+    def sample_keys(self, *, deep: bool = False) -> list[str]:
+        """The keys of the root actions' samples (the replies a commit can choose from), or
+        with ``deep`` of every sample in the tree, in tree order."""
+        out: list[str] = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            for ch in node.children or []:
+                out += [s.key for s in ch.samples]
+                if deep:
+                    stack += ch.samples
+        return out
+
     def select(self) -> Path | None:
         """The next simulation, marked in flight; None if none can run now (root not expanded,
         tree used up, or every open branch waits for in-flight simulations or :meth:`expand`)."""
