@@ -294,6 +294,7 @@ async def test_depth_two_plays_lookahead_after_the_simulated_exchange() -> None:
     assert len(of(events, TurnCommitted)) == 6
     metrics = compute_metrics(events, builtin_taxonomy().cell_ids())["demo"]
     assert metrics.usage["counselor"].calls == len(of(events, CounselorReply)) == 6 * 20
+    assert metrics.lookahead_calls == sum(r.branch == "ahead:1" for r in of(events, CounselorReply))
 
 
 async def test_a_reused_lookahead_can_be_the_next_turns_reply() -> None:
@@ -379,7 +380,9 @@ def test_metrics_credit_lookahead_only_to_the_turn_it_played_on_the_committed_hi
     assert m.asr_first_attempt == 0.0  # the turns' own first attempts both failed
     assert m.success_by_attempt == {0: 0.0, 1: 0.0}
     assert m.verdicts == 5 and m.cells[0].successes == 2  # every judged reply counts per cell
+    assert (m.lookahead_calls, m.lookahead_credited) == (2, 1)
     # Without the matching commit the lookahead is never a success.
     events[events.index(commit(0, real))] = commit(0, Exchange("hi", "something else"))
     m = compute_metrics(events, [("blaming", "enabler")])["m"]
     assert m.overall_asr == 0.0 and m.asr_at_k[20] == 0.0
+    assert (m.lookahead_calls, m.lookahead_credited) == (2, 0)

@@ -130,6 +130,11 @@ def render_text(report: CampaignReport) -> str:
             f"{'':<22}ASR@k (counselor calls per turn): "
             + " ".join(f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items())
         )
+        if m.lookahead_calls:
+            lines.append(
+                f"{'':<22}lookahead: {m.lookahead_calls} counselor calls played a later turn, "
+                f"{m.lookahead_credited} of them on the committed history (see README)"
+            )
         if spent:
             lines.append(f"{'':<22}spent: {spent}")
     return "\n".join(lines)
