@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
 from helpers import cli
+from mhsafeeval.campaign import run_campaign
+from mhsafeeval.config import parse_config
 from mhsafeeval.messages import (
     CallFailed,
     ConversationFinished,
@@ -33,7 +36,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.storage import SqliteEventStore, compute_metrics
+from mhsafeeval.storage import MemoryEventStore, SqliteEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import scripted_models
 
@@ -371,3 +374,55 @@ def test_conversations_that_failed_are_retried_on_resume(
             return await store.superseded("crash")
 
     assert anyio.run(moved, backend="asyncio") >= failures  # kept aside, not deleted
+
+
+def plain(message: Message) -> Any:
+    return without_latency(msgspec.to_builtins(message))
+
+
+async def resume_from_every_prefix(controller: str, step: int) -> int:
+    """Cut a finished campaign's log after each ``step``-th event, as a crash between two
+    commits would, resume it in process (at the same concurrency, and at concurrency 2) and
+    check the outcome; returns how many cuts were resumed."""
+    text = (
+        CONFIG.format(
+            name="cut",
+            concurrency=1,
+            controller=controller,
+            profiles=PROFILES,
+            simulations=5,
+            depth=1,
+            samples=2,
+        )
+        + scripted_models()
+    )
+    same = parse_config(text, "c.toml")
+    wider = parse_config(text.replace("concurrency = 1", "concurrency = 2"), "c.toml")
+    async with MemoryEventStore() as store:
+        await run_campaign(same, store)
+        [info] = await store.list_campaigns()
+        clean = [e.message async for e in store.events("cut") if e.message is not None]
+    cuts = 0
+    for n in range(1, len(clean), step):
+        for config in (same, wider):
+            async with MemoryEventStore() as store:
+                await store.register_campaign("cut", info.config)
+                for message in clean[:n]:
+                    await store.append(message)
+                with anyio.fail_after(30):  # a resume that waits for nothing must fail, not hang
+                    result = await run_campaign(config, store)
+                assert result.status == "completed", (n, result)
+                events = [e.message async for e in store.events("cut") if e.message is not None]
+            if config is same:  # one conversation at a time: exactly the uninterrupted run
+                assert {e.id: plain(e) for e in events} == {e.id: plain(e) for e in clean}, n
+            else:
+                check_exactly_once(events, conversations=3, turns=3)
+        cuts += 1
+    return cuts
+
+
+@pytest.mark.parametrize(("controller", "step"), [("map-elites", 1), ("uct", 3)])
+def test_a_log_cut_after_any_event_resumes_to_the_same_campaign(controller: str, step: int) -> None:
+    """Every point a crash can leave the log at, not only those a kill happens to hit:
+    including a conversation whose last verdict is stored but not what it decided."""
+    assert anyio.run(resume_from_every_prefix, controller, step, backend="asyncio") > 40

@@ -251,7 +251,7 @@ def exchanges(
 async def test_depth_two_plays_lookahead_after_the_simulated_exchange() -> None:
     register_script("recording-counselor", recording_counselor)
     PROMPTS.clear()
-    events = await run(deep(5, 20, "recording-counselor"))
+    events = await run(deep(5, 20, "recording-counselor", concurrency=1))
     ahead = [d for d in of(events, Directive) if d.lookahead]
     assert ahead, "no lookahead at depth 2"
     done = exchanges(events)
@@ -386,3 +386,53 @@ def test_metrics_credit_lookahead_only_to_the_turn_it_played_on_the_committed_hi
     m = compute_metrics(events, [("blaming", "enabler")])["m"]
     assert m.overall_asr == 0.0 and m.asr_at_k[20] == 0.0
     assert (m.lookahead_calls, m.lookahead_credited) == (2, 0)
+
+
+async def test_the_search_does_not_depend_on_the_order_replies_arrive_in() -> None:
+    """Outcomes are applied in simulation order, so what the tree does next (and every
+    statistics event) is the same whatever order the four replies in flight come back in."""
+    from mhsafeeval.runtime import Runtime
+    from mhsafeeval.search import LoopSettings
+    from mhsafeeval.testing import Recorder
+
+    async def search(order: tuple[int, ...]) -> tuple[list[object], list[object]]:
+        controller = UCTController(
+            builtin_taxonomy().cell_ids(), LoopSettings(simulations=8, in_flight=4)
+        )
+        seen = Recorder()
+        async with Runtime() as rt:
+            rt.add(controller, name="controller")
+            rt.subscribe(seen, name="seen")
+            rt.publish(
+                ConversationStarted(
+                    campaign="c",
+                    conversation="c/m/p/0",
+                    counselor_model="m",
+                    profile_id="p",
+                    max_turns=1,
+                )
+            )
+            await rt.run_until_idle()
+            first = of(seen.messages, Directive)
+            assert [d.attempt for d in first] == [0, 1, 2, 3]
+            for d in (first[i] for i in order):
+                rt.publish(
+                    Verdict(
+                        **d.child_ids(key="rubric"),
+                        category=d.category,
+                        role=d.role,
+                        severity=3 if d.attempt in (1, 2) else 1,
+                        label="l",
+                        reasoning="r",
+                    )
+                )
+            await rt.run_until_idle()
+        moves: list[object] = [
+            (d.attempt, d.category, d.role, d.operator) for d in of(seen.messages, Directive)
+        ]
+        return moves, [(s.attempt, s.stats) for s in of(seen.messages, SearchStats)]
+
+    in_order = await search((0, 1, 2, 3))
+    assert len(in_order[0]) == 8  # the four later moves were chosen after the replies
+    for order in [(3, 2, 1, 0), (2, 0, 3, 1), (1, 3, 0, 2)]:
+        assert await search(order) == in_order

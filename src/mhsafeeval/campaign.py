@@ -334,17 +334,26 @@ class Scheduler:
         self._runtime: Runtime | None = None
         self._failing: set[str] = set()
         self.pending_failures: list[HandlerFailed] = []  # stored, not yet closed (resume)
+        self._started = False
 
     def attach(self, runtime: Runtime) -> None:
-        """Subscribe to the runtime and start the first conversations."""
+        """Subscribe to the runtime. Do it before a resumed run replays its history: the
+        replay publishes what the stored decisions lead to, a conversation's
+        ConversationFinished among them, and one missed would be waited for forever."""
         self._runtime = runtime
         runtime.subscribe(self, name="scheduler", types=(ConversationFinished, HandlerFailed))
+
+    def start(self) -> None:
+        """Close conversations a stored handler failure left open; start the first ones."""
+        self._started = True
         for failure in self.pending_failures:
             self(failure)
         self._start_more()
 
     def _start_more(self) -> None:
         assert self._runtime is not None
+        if not self._started:
+            return
         while self.pending and len(self.running) < self.concurrency:
             spec = self.pending.pop()
             self.running.add(spec.id)
@@ -548,6 +557,7 @@ async def run_campaign(
                     types=RefinerAgent.handled_types(),
                 )
             rt.add(make_controller(cells, settings), name="controller")
+            scheduler.attach(rt)
             if history is not None:
                 redone = _resume(rt, history, scheduler)
             else:
@@ -562,7 +572,7 @@ async def run_campaign(
                         max_turns=1 if a.single_turn else c.max_turns,
                     )
                 )
-            scheduler.attach(rt)
+            scheduler.start()
             await _first(scheduler.done, budget.stop)
             if not scheduler.done.is_set():
                 # A limit was reached: no call starts any more. Let the calls in flight finish

@@ -4,7 +4,11 @@ Each turn runs ``simulations`` (default 20) simulations, up to ``in_flight`` (de
 time. A simulation is one attempt of the turn (attempt number = simulation number): the tree
 picks an action (target cell x operator), the mutator and client turn it into an utterance, the
 counselor answers, the judge scores the reply and the reward is backed up. Every judged reply
-is offered to the counselor model's archive. When the budget is spent (or, with ``early_stop``,
+is offered to the counselor model's archive. Outcomes are applied in simulation order, and
+simulation n + ``in_flight`` starts once simulation n's is applied: a reply that arrives early
+waits (still counted in flight) for the earlier ones. So the search depends on the replies, never
+on their arrival order: with one conversation at a time a campaign's search is the same run to
+run, and a resumed run makes the same decisions. When the budget is spent (or, with ``early_stop``,
 at the first success) the turn commits the **best action's most severe reply**: the best action
 is the root action with the highest mean reward (ties: more visits, then prior); among its
 sampled replies the one with the highest reward (judged before unjudged), because a red-team
@@ -63,7 +67,7 @@ _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "attempt", "branch", "finished", "key", "path", "planned")
+    __slots__ = ("action", "attempt", "branch", "finished", "key", "outcome", "path", "planned")
 
     def __init__(self, path: Path, planned: int, attempt: int) -> None:
         action = path.actions[-1]
@@ -74,7 +78,8 @@ class _Sim(AttemptTexts):
         self.attempt = attempt
         self.branch = lookahead_branch(len(path.context))
         self.key = f"{planned}.{attempt}"  # its sample's key in the tree
-        self.finished = False
+        self.outcome: Message | None = None  # its Verdict, Unjudged or CallFailed, once here
+        self.finished = False  # its outcome is applied
 
 
 class _Conv:
@@ -98,7 +103,7 @@ class _Conv:
         self.tree = tree
         self.turn = 0
         self.started = 0  # simulations launched this turn
-        self.done = 0  # simulations finished (judged, unjudged or failed) this turn
+        self.done = 0  # simulations whose outcome is applied this turn (in attempt order)
         self.sims: dict[int, _Sim] = {}  # this turn's simulations, by attempt
         self.known: dict[str, _Sim] = {}  # simulations whose reply is a sample in the tree, by key
         self.flight: dict[object, int] = {}  # simulations in flight, by category/role/cell/move
@@ -347,55 +352,52 @@ class UCTController(ArchiveController):
         self._convs[msg.conversation] = conv
         self._new_turn(msg, conv)
 
-    @on(Verdict)
-    def verdict(self, msg: Verdict) -> None:
+    @on(Verdict, Unjudged, CallFailed)
+    def outcome(self, msg: Verdict | Unjudged | CallFailed) -> None:
+        """A simulation ended. Outcomes are applied in simulation order (one that arrives
+        early waits for the earlier ones, still counted in flight), and a new simulation is
+        launched after each, so what the search does never depends on the order in which
+        replies arrive: a conversation's search is reproducible and a resumed run makes the
+        same decisions."""
         cur = self._sim(msg)
-        if cur is None or cur[1].verdict is not None:
-            return  # stale, or a second judge on the same reply (the first one counts)
+        if cur is None or cur[1].outcome is not None:
+            return  # stale, or a second outcome for one simulation (the first one counts)
         conv, sim = cur
-        sim.verdict = msg
-        archive = self.archive(conv.model)
-        cell = (msg.category, msg.role)
-        empty = cell in set(self.cells) and not archive.is_filled(cell)
-        value = reward(
-            msg.severity,
-            threshold=self.settings.threshold,
-            cell_empty=empty,
-            empty_bonus=self.settings.empty_bonus,
-        )
-        conv.tree.backup(sim.path, value, key=sim.key)
-        conv.known[sim.key] = sim
-        self._grow(conv)
-        win = int(msg.severity >= self.settings.threshold)
-        tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
-        tally[0] += win
-        tally[1] += 1
-        self._count(conv.model, cell, sim.operator, bool(win))
-        self.offer(conv.model, sim, msg)
-        self._done(msg, conv, sim)
+        sim.outcome = msg
+        while (ready := conv.sims.get(conv.done)) is not None and ready.outcome is not None:
+            self._apply(conv, ready, ready.outcome)
+            self._launch(ready.outcome, conv)  # may commit the turn: a new one starts at 0
 
-    @on(Unjudged)
-    def unjudged(self, msg: Unjudged) -> None:
-        cur = self._sim(msg)
-        if cur is None or cur[1].verdict is not None:
-            return
-        conv, sim = cur
-        conv.tree.backup(sim.path, 0.0, key=sim.key, unjudged=True)
-        conv.known[sim.key] = sim
-        self._grow(conv)
-        self._done(msg, conv, sim)
-
-    @on(CallFailed)
-    def call_failed(self, msg: CallFailed) -> None:
-        cur = self._sim(msg)
-        if cur is None or cur[1].verdict is not None:
-            return
-        conv, sim = cur
-        conv.tree.abandon(sim.path)  # the statistics stay as if it never ran
-        log.warning("search.simulation_failed", agent=msg.agent, model=msg.model, error=msg.error)
-        self._done(msg, conv, sim)
-
-    def _done(self, msg: Message, conv: _Conv, sim: _Sim) -> None:
+    def _apply(self, conv: _Conv, sim: _Sim, msg: Message) -> None:
+        if isinstance(msg, Verdict):
+            sim.verdict = msg
+            archive = self.archive(conv.model)
+            cell = (msg.category, msg.role)
+            empty = cell in self._cell_set and not archive.is_filled(cell)
+            value = reward(
+                msg.severity,
+                threshold=self.settings.threshold,
+                cell_empty=empty,
+                empty_bonus=self.settings.empty_bonus,
+            )
+            conv.tree.backup(sim.path, value, key=sim.key)
+            win = int(msg.severity >= self.settings.threshold)
+            tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
+            tally[0] += win
+            tally[1] += 1
+            self._count(conv.model, cell, sim.operator, bool(win))
+            self.offer(conv.model, sim, msg)
+        elif isinstance(msg, Unjudged):
+            conv.tree.backup(sim.path, 0.0, key=sim.key, unjudged=True)
+        else:
+            assert isinstance(msg, CallFailed)
+            conv.tree.abandon(sim.path)  # the statistics stay as if it never ran
+            log.warning(
+                "search.simulation_failed", agent=msg.agent, model=msg.model, error=msg.error
+            )
+        if not isinstance(msg, CallFailed):
+            conv.known[sim.key] = sim
+            self._grow(conv)
         sim.finished = True
         self._fly(conv, sim, -1)
         conv.done += 1
@@ -406,4 +408,3 @@ class UCTController(ArchiveController):
                 stats=conv.tree.stats(),
             )
         )
-        self._launch(msg, conv)
