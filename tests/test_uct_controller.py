@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,11 +30,12 @@ from mhsafeeval.messages import (
     Verdict,
     lookahead_branch,
 )
+from mhsafeeval.runtime import Runtime
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
-from mhsafeeval.search import UCTController, UCTTree, reward
+from mhsafeeval.search import LoopSettings, UCTController, UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import demo_counselor, register_script, scripted_models
+from mhsafeeval.testing import Recorder, demo_counselor, register_script, scripted_models
 
 pytestmark = pytest.mark.anyio
 M = TypeVar("M", bound=Message)
@@ -71,6 +73,19 @@ async def run(cfg: Config) -> list[Message]:
         result = await run_campaign(cfg, store)
         assert result.status == "completed"
         return [e.message async for e in store.events("uct") if e.message is not None]
+
+
+@asynccontextmanager
+async def lone_controller() -> AsyncIterator[tuple[Runtime, Recorder]]:
+    """A runtime with only a UCT controller (8 simulations, 4 in flight) and a recorder."""
+    controller = UCTController(
+        builtin_taxonomy().cell_ids(), LoopSettings(simulations=8, in_flight=4)
+    )
+    seen = Recorder()
+    async with Runtime() as rt:
+        rt.add(controller, name="controller")
+        rt.subscribe(seen, name="seen")
+        yield rt, seen
 
 
 async def test_each_turn_spends_its_simulations_and_commits_the_best_reply() -> None:
@@ -182,19 +197,9 @@ async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
 async def test_other_conversations_in_flight_do_not_change_a_conversations_moves() -> None:
     """Conversations of one model share what was judged, nothing else: so a resumed run that
     retries one conversation's failed turn replays every other conversation's decisions."""
-    from mhsafeeval.messages import ConversationStarted
-    from mhsafeeval.runtime import Runtime
-    from mhsafeeval.search import LoopSettings
-    from mhsafeeval.testing import Recorder
 
     async def directives(conversations: list[str]) -> list[tuple[str, str, str]]:
-        controller = UCTController(
-            builtin_taxonomy().cell_ids(), LoopSettings(simulations=8, in_flight=4)
-        )
-        seen = Recorder()
-        async with Runtime() as rt:
-            rt.add(controller, name="controller")
-            rt.subscribe(seen, name="seen")
+        async with lone_controller() as (rt, seen):
             for conv in conversations:  # nobody answers: every simulation stays in flight
                 rt.publish(
                     ConversationStarted(
@@ -391,18 +396,9 @@ def test_metrics_credit_lookahead_only_to_the_turn_it_played_on_the_committed_hi
 async def test_the_search_does_not_depend_on_the_order_replies_arrive_in() -> None:
     """Outcomes are applied in simulation order, so what the tree does next (and every
     statistics event) is the same whatever order the four replies in flight come back in."""
-    from mhsafeeval.runtime import Runtime
-    from mhsafeeval.search import LoopSettings
-    from mhsafeeval.testing import Recorder
 
     async def search(order: tuple[int, ...]) -> tuple[list[object], list[object]]:
-        controller = UCTController(
-            builtin_taxonomy().cell_ids(), LoopSettings(simulations=8, in_flight=4)
-        )
-        seen = Recorder()
-        async with Runtime() as rt:
-            rt.add(controller, name="controller")
-            rt.subscribe(seen, name="seen")
+        async with lone_controller() as (rt, seen):
             rt.publish(
                 ConversationStarted(
                     campaign="c",
