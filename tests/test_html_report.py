@@ -212,6 +212,9 @@ def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) ->
             hits = int(count.get_attribute("data-attempts") or "-1")
             assert 0 < hits < total
             page.locator("details.conversation summary").first.click()
+            # The attempts are drawn on the details' toggle event, which the browser fires
+            # after the click returns: wait for them (a timeout fails the test).
+            page.wait_for_selector("details.conversation .attempt", timeout=10_000)
             assert page.locator("details.conversation .attempt").count() > 0
             assert page.evaluate("typeof window.__pwned") == "undefined"
             assert errors == []
