@@ -67,7 +67,7 @@ _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "attempt", "branch", "finished", "key", "outcome", "path", "planned")
+    __slots__ = ("action", "attempt", "branch", "key", "outcome", "path", "planned")
 
     def __init__(self, path: Path, planned: int, attempt: int) -> None:
         action = path.actions[-1]
@@ -79,7 +79,6 @@ class _Sim(AttemptTexts):
         self.branch = lookahead_branch(len(path.context))
         self.key = f"{planned}.{attempt}"  # its sample's key in the tree
         self.outcome: Message | None = None  # its Verdict, Unjudged or CallFailed, once here
-        self.finished = False  # its outcome is applied
 
 
 class _Conv:
@@ -124,7 +123,6 @@ class UCTController(ArchiveController):
             samples=settings.samples_per_action,
             depth=1 if settings.single_turn else settings.depth,
         )
-        self.tries: dict[tuple[str, CellId, Operator], list[int]] = {}
         self._convs: dict[str, _Conv] = {}
         # Per model: [wins, tries] by category, role, cell and move, over judged simulations.
         self._levels: dict[str, dict[object, list[int]]] = {}
@@ -381,11 +379,8 @@ class UCTController(ArchiveController):
                 empty_bonus=self.settings.empty_bonus,
             )
             conv.tree.backup(sim.path, value, key=sim.key)
-            win = int(msg.severity >= self.settings.threshold)
-            tally = self.tries.setdefault((conv.model, cell, sim.operator), [0, 0])
-            tally[0] += win
-            tally[1] += 1
-            self._count(conv.model, cell, sim.operator, bool(win))
+            win = msg.severity >= self.settings.threshold
+            self._count(conv.model, cell, sim.operator, win)
             self.offer(conv.model, sim, msg)
         elif isinstance(msg, Unjudged):
             conv.tree.backup(sim.path, 0.0, key=sim.key, unjudged=True)
@@ -398,7 +393,6 @@ class UCTController(ArchiveController):
         if not isinstance(msg, CallFailed):
             conv.known[sim.key] = sim
             self._grow(conv)
-        sim.finished = True
         self._fly(conv, sim, -1)
         conv.done += 1
         self.publish(
