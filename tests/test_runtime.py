@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -260,16 +262,27 @@ async def test_critical_observer_failure_stops_the_runtime() -> None:
     assert info.group_contains(OSError, match="disk full")
 
 
-async def test_failing_non_critical_observer_does_not_loop() -> None:
+async def test_a_failing_non_critical_observer_is_detached_and_cancels_nothing() -> None:
+    seen: list[Message] = []
+
     def broken(msg: Message) -> None:
+        seen.append(msg)
         raise RuntimeError("observer bug")
 
+    rec = Recorder()
     async with Runtime() as rt:
         rt.subscribe(broken, name="broken")
-        rt.publish(Ping())
+        rt.subscribe(rec, name="rec")
+        rt.publish(Ping(conversation="c1"))
+        rt.publish(Ping(conversation="c1", n=1, key="1"))
         await rt.run_until_idle()
-    # One failure for the Ping and one for its HandlerFailed report, which is not re-reported.
-    assert rt.failures == 2
+        rt.publish(Ping(conversation="c1", n=2, key="2"))
+        await rt.run_until_idle()
+    # Logged once and detached: it sees nothing more, no conversation is cancelled, no
+    # HandlerFailed is published, and the other observer gets everything.
+    assert rt.failures == 1 and len(seen) == 1
+    assert rt.cancelled_conversations == frozenset()
+    assert [m.n for m in rec.of(Ping)] == [0, 1, 2] and not rec.of(HandlerFailed)
 
 
 async def test_run_until_idle_waits_for_chains() -> None:
@@ -467,3 +480,111 @@ async def test_decisions_missing_from_the_store_are_published_after_replay() -> 
     assert worker.worked == [1, 2, 3]
     with pytest.raises(RuntimeError, match="begin_replay"):
         Runtime().replay(t0)
+
+
+# --- the delivery contract ----------------------------------------------------------------------
+
+
+async def test_cancelling_a_conversation_never_cuts_an_observer_short() -> None:
+    """An observer that is still handling a message when that message's conversation is
+    cancelled finishes it: the event store's append must never be cancelled."""
+    stored: list[str] = []
+    gate = anyio.Event()
+
+    async def slow_store(msg: Message) -> None:
+        if isinstance(msg, Boom):
+            await gate.wait()  # a store waiting for room, at the worst moment
+        stored.append(msg.id)
+
+    class Fails(Agent):
+        @on(Ping)
+        async def fail(self, msg: Ping) -> None:
+            raise RuntimeError("bug")  # cancels c1 while the store still waits on its Boom
+
+    def opener(msg: Message) -> None:
+        if isinstance(msg, HandlerFailed):  # published after the cancellation
+            gate.set()
+
+    published: list[str] = []
+    async with Runtime() as rt:
+        rt.subscribe(slow_store, name="store", critical=True)
+        rt.subscribe(lambda m: published.append(m.id), name="rec")
+        rt.subscribe(opener, name="opener")
+        rt.register("fails", Fails)
+        rt.publish(Boom(conversation="c1"))
+        rt.publish(Ping(conversation="c1"))
+        with anyio.fail_after(30):
+            await rt.run_until_idle()
+    assert "c1" in rt.cancelled_conversations
+    assert stored == published  # the Boom, the Ping and the HandlerFailed, in order
+
+
+def test_a_sqlite_store_keeps_every_message_when_a_handler_fails(tmp_path: Path) -> None:
+    """The reproduction from the issue: a small batch and pending limit make the store's
+    append wait for the writer, and a failing handler used to cancel that wait, losing a
+    message. The stored log must be exactly what was published, in order."""
+    from mhsafeeval.storage import SqliteEventStore
+
+    class Relay(Agent):
+        @on(Ping)
+        async def relay(self, msg: Ping) -> None:
+            await anyio.lowlevel.checkpoint()
+            if msg.n == 700:
+                raise RuntimeError("bug")
+            if msg.n < 1500:
+                self.publish(Ping(conversation=msg.conversation, n=msg.n + 1, key=str(msg.n + 1)))
+
+    async def main() -> tuple[list[str], list[str]]:
+        published: list[str] = []
+        async with SqliteEventStore(tmp_path / "e.db", batch_size=8, max_pending=8) as store:
+            await store.register_campaign("")
+            async with Runtime() as rt:
+                rt.subscribe(store.append, name="store", critical=True)
+                rt.subscribe(lambda m: published.append(m.id), name="rec")
+                rt.register("relay", Relay)
+                for conversation in ("c1", "c2"):
+                    rt.publish(Ping(conversation=conversation))
+                with anyio.fail_after(60):
+                    await rt.run_until_idle()
+            await store.flush()
+            stored = [e.id async for e in store.events("")]
+        return published, stored
+
+    published, stored = anyio.run(main, backend="asyncio")
+    assert len(published) > 1000
+    assert stored == published
+
+
+async def test_a_factory_or_on_start_that_raises_fails_only_its_conversation() -> None:
+    class Picky(Agent):
+        def __init__(self, agent_id: AgentId) -> None:
+            super().__init__()
+            if agent_id.key == "bad-factory":
+                raise ValueError("cannot build this one")
+            self.key = agent_id.key
+
+        async def on_start(self) -> None:
+            if self.key == "bad-start":
+                raise RuntimeError("cannot start this one")
+
+        @on(Ping)
+        async def pong(self, msg: Ping) -> None:
+            self.publish(Pong(**msg.child_ids(key="pong")))
+
+    rec = Recorder()
+    async with Runtime() as rt:
+        rt.subscribe(rec, name="rec")
+        rt.register("picky", lambda aid: Picky(aid), types=(Ping,))
+        for conversation in ("bad-factory", "good", "bad-start"):
+            rt.publish(Ping(conversation=conversation))
+        with anyio.fail_after(30):
+            await rt.run_until_idle()
+        rt.publish(Ping(conversation="good", n=1, key="again"))  # the runtime still runs
+        await rt.run_until_idle()
+    assert [p.conversation for p in rec.of(Pong)] == ["good", "good"]
+    failures = {f.conversation: f for f in rec.of(HandlerFailed)}
+    assert set(failures) == {"bad-factory", "bad-start"}
+    assert failures["bad-factory"].handler == "factory"
+    assert failures["bad-factory"].error == "cannot build this one"
+    assert failures["bad-start"].handler == "on_start"
+    assert rt.cancelled_conversations == {"bad-factory", "bad-start"}

@@ -35,6 +35,10 @@ class _Redo:
         self.msg = msg
 
 
+class _Unbuilt(Agent):
+    """Stands in for an agent whose factory or ``on_start`` raised: it handles nothing."""
+
+
 class _Replay:
     __slots__ = ("fresh", "known", "suppressed")
 
@@ -53,7 +57,7 @@ def _bind(msg: Message) -> None:
 class _Mailbox:
     """One queue, one task. ``agent`` is set for agents, ``callback`` for observers."""
 
-    __slots__ = ("agent", "callback", "closed", "critical", "name", "queue", "wake")
+    __slots__ = ("agent", "callback", "closed", "critical", "detached", "name", "queue", "wake")
 
     def __init__(
         self, name: str, agent: Agent | None, callback: Observer | None, critical: bool
@@ -65,6 +69,7 @@ class _Mailbox:
         self.queue: deque[Message | _Redo] = deque()
         self.wake: anyio.Event | None = None
         self.closed = False
+        self.detached = False  # a non-critical observer that raised: sees nothing more
 
 
 class _Subscription:
@@ -100,8 +105,26 @@ class Runtime:
     so conversations run concurrently while each instance stays sequential.
 
     Observers (the event store, loggers, progress displays) subscribe with :meth:`subscribe` and
-    see every message, including those of a cancelled conversation; a ``critical`` observer's
-    failure stops the whole runtime (a store that cannot write must not be ignored).
+    see every message, including those of a cancelled conversation.
+
+    The contract, in three parts:
+
+    * **Delivery order.** Every receiver (an agent instance or an observer) has one mailbox and
+      gets the messages it subscribed to in publish order; an agent with
+      ``max_concurrent_handlers > 1`` *starts* them in that order. ``publish`` never blocks.
+      Every observer sees every matching message exactly once, in publish order, so a stored
+      log is exactly what was published.
+    * **What an observer may do.** Read the message, keep state, publish, await (a store's
+      write). It never runs inside a conversation's cancel scope: cancelling a conversation
+      never cuts an observer short. A ``critical`` observer that raises stops the whole
+      runtime (a store that cannot write must not be ignored); any other observer that raises
+      is logged (``runtime.observer_detached``) and detached: it sees nothing more, and no
+      conversation is cancelled because of it.
+    * **What a failure cancels.** A handler, an agent factory or an ``on_start`` that raises
+      cancels that message's conversation only (:meth:`cancel_conversation`: its running
+      handlers are cancelled, its queued and later messages are dropped for agents) and is
+      published as a :class:`HandlerFailed`; the other conversations and the runtime go on.
+      Cancellation itself is never swallowed.
 
     Example:
         >>> import anyio
@@ -132,6 +155,7 @@ class Runtime:
         self._scopes: defaultdict[str, set[anyio.CancelScope]] = defaultdict(set)
         self._event_cls: Callable[[], anyio.Event] = anyio.Event
         self._replay: _Replay | None = None
+        self._last: dict[str, Message] = {}
         self.published = 0
         self.dropped = 0
         self.failures = 0
@@ -267,6 +291,7 @@ class Runtime:
         self.published += 1
         routes = self._route(msg)
         conv = msg.conversation
+        self._last[conv] = msg
         for sub in routes:  # _receivers() and _queue() inlined: this is the hot path
             if sub.topic is not None and sub.topic != topic:
                 continue
@@ -277,7 +302,7 @@ class Runtime:
                     continue
                 if mbox is None:
                     key = conv if sub.scope == "conversation" else ""
-                    mbox = sub.instances.get(key) or self._spawn(sub, key)
+                    mbox = sub.instances.get(key) or self._spawn(sub, key, msg)
             if self._pending == 0:
                 self._idle = anyio.Event()
             self._pending += 1
@@ -302,7 +327,7 @@ class Runtime:
             mbox = sub.mailbox
             if mbox is None:
                 key = msg.conversation if sub.scope == "conversation" else ""
-                mbox = sub.instances.get(key) or self._spawn(sub, key)
+                mbox = sub.instances.get(key) or self._spawn(sub, key, msg)
             yield sub, mbox
 
     def _queue(self, mbox: _Mailbox, entry: Message | _Redo) -> None:
@@ -333,6 +358,7 @@ class Runtime:
         """
         if self._replay is None:
             raise RuntimeError("call begin_replay() first")
+        self._last[msg.conversation] = msg
         for sub, mbox in self._receivers(msg, topic):
             agent = mbox.agent
             if agent is None:  # an observer
@@ -375,10 +401,19 @@ class Runtime:
                 names.append(mbox.name)
         return names
 
-    def _spawn(self, sub: _Subscription, key: str) -> _Mailbox:
+    def _spawn(self, sub: _Subscription, key: str, msg: Message | None = None) -> _Mailbox:
         assert sub.factory is not None
         agent_id = AgentId(sub.name, key)
-        agent = sub.factory(agent_id)
+        try:
+            agent = sub.factory(agent_id)
+        except Exception as exc:
+            # A factory that raises fails the conversation whose message asked for the agent,
+            # like a handler that raises; a stand-in with no handlers takes its mailbox.
+            agent = _Unbuilt()
+            if msg is None:
+                raise
+            failed = _Mailbox(str(agent_id), agent, None, critical=False)
+            self._handler_failed(failed, "factory", msg, exc)
         agent.id = agent_id
         agent._runtime = self
         mbox = _Mailbox(str(agent_id), agent, None, critical=False)
@@ -425,12 +460,18 @@ class Runtime:
 
     def end_conversation(self, conversation: str) -> None:
         """Let the conversation's per-conversation agent instances finish their queue and stop."""
+        self._last.pop(conversation, None)
         for sub in self._subs:
             mbox = sub.instances.pop(conversation, None)
             if mbox is not None:
                 mbox.closed = True
                 if mbox.wake is not None:
                     mbox.wake.set()
+
+    def last_message(self, conversation: str) -> Message | None:
+        """The last message published (or replayed) in an open conversation, if any: what a
+        stalled conversation was waiting on."""
+        return self._last.get(conversation)
 
     @property
     def cancelled_conversations(self) -> frozenset[str]:
@@ -443,7 +484,18 @@ class Runtime:
         bind_contextvars(agent=mbox.name)
         agent = mbox.agent
         if agent is not None:
-            await agent.on_start()
+            try:
+                await agent.on_start()
+            except Exception as exc:
+                # Contained like a handler failure: its conversation fails (the first message
+                # queued for it names where), the others go on; the mailbox drains unhandled.
+                entry = mbox.queue[0] if mbox.queue else None
+                first = entry.msg if isinstance(entry, _Redo) else entry
+                if first is not None:
+                    self._handler_failed(mbox, "on_start", first, exc)
+                else:
+                    log.error("runtime.on_start_failed", agent=mbox.name, error=repr(exc))
+                mbox.agent = agent = _Unbuilt()
         width = agent.max_concurrent_handlers if agent is not None else 1
         try:
             if width > 1:
@@ -535,10 +587,15 @@ class Runtime:
         handler = "__call__"
         try:
             if agent is None:
+                # Observers never run inside a conversation's cancel scope: cancelling a
+                # conversation must not cut the store's append (the log stays exactly what
+                # was published, in order).
+                if mbox.detached:
+                    return
                 assert mbox.callback is not None
                 result = mbox.callback(msg)
                 if inspect.isawaitable(result):
-                    await self._cancellable(msg.conversation, result)
+                    await result
                 return
             if msg.conversation in self._cancelled:
                 self.dropped += 1
@@ -553,7 +610,27 @@ class Runtime:
         except Exception as exc:
             if mbox.critical:
                 raise
-            self._handler_failed(mbox, handler, msg, exc)
+            if agent is None:
+                self._detach(mbox, msg, exc)
+            else:
+                self._handler_failed(mbox, handler, msg, exc)
+
+    def _detach(self, mbox: _Mailbox, msg: Message, exc: Exception) -> None:
+        """A non-critical observer raised: log it and stop feeding it; nothing is cancelled."""
+        self.failures += 1
+        mbox.detached = mbox.closed = True  # its task ends once what is queued is skipped
+        if mbox.wake is not None:
+            mbox.wake.set()
+        self._subs = [s for s in self._subs if s.mailbox is not mbox]
+        self._routes.clear()
+        log.error(
+            "runtime.observer_detached",
+            observer=mbox.name,
+            message_type=msg.tag,
+            message_id=msg.id,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )
 
     async def _cancellable(self, conv: str, work: Awaitable[Any]) -> None:
         """Await a handler inside a scope that cancelling its conversation cancels."""
