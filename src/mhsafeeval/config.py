@@ -19,18 +19,22 @@ Example ``campaign.toml``::
 from __future__ import annotations
 
 import json
+import math
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 
 import msgspec
+from msgspec import Meta
 
-from mhsafeeval.errors import InputError, convert
+from mhsafeeval.errors import InputError, convert, join_path
 from mhsafeeval.runtime.providers import ModelSettings
 
 __all__ = [
     "AGENT_ROLES",
+    "MAX_PLANNED_CONVERSATIONS",
     "RESUMABLE_CHANGES",
     "AblationSection",
     "BudgetSection",
@@ -39,13 +43,29 @@ __all__ = [
     "LoggingSection",
     "SearchSection",
     "canonical_config",
+    "check_planned_size",
     "check_runnable",
     "config_differences",
     "load_config",
     "parse_config",
+    "read_config",
 ]
 
+T = TypeVar("T")
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Upper bounds: far above any real campaign, low enough that a typo (an extra zero, 2e9) is
+# refused at once instead of exhausting memory or running for a year.
+MAX_PLANNED_CONVERSATIONS = 100_000
+"""Counselors x profiles x ``conversations_per_profile``: the most conversations one campaign
+may plan (each is listed in memory before the run starts)."""
+
+
+def _at_most(low: int | float, high: int | float) -> Any:
+    """A bounded number (msgspec checks it, naming the key path); a float bound refuses inf
+    and nan too."""
+    return Meta(ge=low, le=high)
 
 
 class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -53,29 +73,23 @@ class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
     name: str = "campaign"
     seed: int = 0
-    max_turns: int = 10
-    max_attempts: int = 5
-    conversations_per_profile: int = 1
-    concurrency: int = 4
+    max_turns: Annotated[int, _at_most(1, 100_000)] = 10
+    max_attempts: Annotated[int, _at_most(1, 100)] = 5
+    conversations_per_profile: Annotated[int, _at_most(1, MAX_PLANNED_CONVERSATIONS)] = 1
+    concurrency: Annotated[int, _at_most(1, 1024)] = 4
     threshold: int = 2
-    context_turns: int = 5
+    context_turns: Annotated[int, _at_most(0, 1000)] = 5
     controller: str = "map-elites"
     profiles: str = "builtin"
     profile_ids: list[str] = []
     taxonomy: str = "builtin"
     counselor_system_prompt: str = ""
     judge: str = "rubric"
-    judge_max_asks: int = 3
+    judge_max_asks: Annotated[int, _at_most(1, 20)] = 3
 
     def __post_init__(self) -> None:
         checks = (
-            (self.max_turns >= 1, "max_turns", "must be >= 1"),
-            (self.max_attempts >= 1, "max_attempts", "must be >= 1"),
-            (self.conversations_per_profile >= 1, "conversations_per_profile", "must be >= 1"),
-            (self.concurrency >= 1, "concurrency", "must be >= 1"),
             (1 <= self.threshold <= 5, "threshold", "must be between 1 and 5"),
-            (self.context_turns >= 0, "context_turns", "must be >= 0"),
-            (self.judge_max_asks >= 1, "judge_max_asks", "must be >= 1"),
             (bool(self.name.strip()), "name", "must not be empty"),
         )
         for ok, field, reason in checks:
@@ -96,9 +110,10 @@ class BudgetSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     model call starts, calls in flight are cancelled and redone on resume); re-running it with a
     larger limit continues it. Local and scripted models cost 0 USD; tokens are all roles'."""
 
-    counselor_calls: int | None = None
-    tokens: int | None = None
-    usd: float | None = None
+    # Lower bounds in __post_init__ (their message says how to have no limit).
+    counselor_calls: Annotated[int, Meta(le=10**12)] | None = None
+    tokens: Annotated[int, Meta(le=10**15)] | None = None
+    usd: Annotated[float, Meta(le=1e9)] | None = None
 
     def __post_init__(self) -> None:
         for field in ("counselor_calls", "tokens", "usd"):
@@ -125,10 +140,10 @@ class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[search]``: the tree search controller (``controller = "uct"``)."""
 
-    simulations: int = 20
-    in_flight: int = 4
-    samples_per_action: int = 2
-    exploration: float = 1.0
+    simulations: Annotated[int, _at_most(1, 10_000)] = 20
+    in_flight: Annotated[int, _at_most(1, 1024)] = 4
+    samples_per_action: Annotated[int, _at_most(1, 100)] = 2
+    exploration: Annotated[float, _at_most(0, 1000)] = 1.0
     empty_bonus: float = 0.2
     early_stop: bool = False
     depth: int = 1
@@ -136,10 +151,6 @@ class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def __post_init__(self) -> None:
         checks = (
             (1 <= self.depth <= 4, "depth", "must be between 1 and 4"),
-            (self.simulations >= 1, "simulations", "must be >= 1"),
-            (self.in_flight >= 1, "in_flight", "must be >= 1"),
-            (self.samples_per_action >= 1, "samples_per_action", "must be >= 1"),
-            (self.exploration >= 0, "exploration", "must be >= 0"),
             (0 <= self.empty_bonus <= 1, "empty_bonus", "must be between 0 and 1"),
         )
         for ok, field, reason in checks:
@@ -182,11 +193,22 @@ def parse_config(text: str, source: str | Path = "<config>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, None, f"not valid TOML: {exc}") from None
-    return _convert(data, source)
+    config = _convert(data, source)
+    _refuse_keylike_lines(text, source)  # comments too: the whole text is stored
+    return config
 
 
 def load_config(path: str | Path) -> Config:
     """Read and decode a config file (see :func:`parse_config`)."""
+    return read_config(path)[1]
+
+
+def read_config(path: str | Path) -> tuple[str, Config]:
+    """Read a config file once: its text (what a campaign stores) and what it decodes to.
+
+    Raises:
+        InputError: a missing or unreadable file, or any :func:`parse_config` error.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -194,7 +216,7 @@ def load_config(path: str | Path) -> Config:
         raise InputError(p, None, "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(p, None, f"cannot read: {exc}") from None
-    return parse_config(text, p)
+    return text, parse_config(text, p)
 
 
 AGENT_ROLES = ("client", "mutator", "judge", "refiner")
@@ -207,9 +229,26 @@ def _convert(data: dict[str, Any], source: str | Path) -> Config:
         if isinstance(tables, dict):
             # Validate each table on its own: msgspec's paths do not name dict keys.
             for name, table in tables.items():
-                settings = convert(table, ModelSettings, source, f"{section}.{name}")
-                _check_model(settings, source, f"{section}.{name}")
-    return convert(data, Config, source)
+                where = f"{section}.{name}"
+                if isinstance(table, dict):
+                    _refuse_credentials(table, source, where)
+                settings = _worded(table, ModelSettings, source, where)
+                _check_model(settings, source, where)
+    return _worded(data, Config, source)
+
+
+_BOUND = re.compile(r"expected (?:int|float)(?: \| null)? ([<>]=? \S+)")
+
+
+def _worded(value: Any, kind: type[T], source: str | Path, prefix: str = "") -> T:
+    """:func:`convert`, with msgspec's "expected int >= 1" worded as "must be >= 1"."""
+    try:
+        return convert(value, kind, source, prefix)
+    except InputError as exc:
+        bound = _BOUND.fullmatch(exc.reason)
+        if bound is None:
+            raise
+        raise InputError(exc.source, exc.field, f"must be {bound[1]}") from None
 
 
 def canonical_config(config: Config, inputs: dict[str, str] | None = None) -> str:
@@ -274,6 +313,21 @@ def check_runnable(config: Config, source: str | Path = "<config>") -> None:
             )
 
 
+# Bounds of the numbers in a model table (None: any finite number above the low bound).
+_MODEL_LIMITS: dict[str, tuple[float, float | None]] = {
+    "timeout": (0, 86_400),
+    "max_concurrency": (1, 1024),
+    "max_attempts": (1, 100),
+    "backoff_initial": (0, 3600),
+    "backoff_max": (0, 86_400),
+    "max_retry_after": (0, 86_400),
+    "breaker_threshold": (0, 10_000),
+    "breaker_cooldown": (0, 86_400),
+    "temperature": (0, None),
+    "max_tokens": (1, 10_000_000),
+}
+
+
 def _check_model(settings: ModelSettings, source: str | Path, where: str) -> None:
     env = settings.api_key_env
     if env is not None and not _ENV_NAME.match(env):
@@ -282,4 +336,136 @@ def _check_model(settings: ModelSettings, source: str | Path, where: str) -> Non
             f"{where}.api_key_env",
             "must be the NAME of an environment variable holding the key (e.g. OPENAI_API_KEY), "
             "not the key itself",
+        )
+    for field, (low, high) in _MODEL_LIMITS.items():
+        value = getattr(settings, field)
+        if value is None:
+            continue
+        reason = (
+            "must be a finite number"
+            if math.isnan(value) or (high is None and math.isinf(value))
+            else f"must be >= {low}"
+            if value < low
+            else f"must be <= {high}"
+            if high is not None and value > high
+            else None
+        )
+        if reason is not None:
+            raise InputError(source, f"{where}.{field}", reason)
+    if settings.api_base is not None:
+        _check_url(settings.api_base, source, f"{where}.api_base")
+
+
+def _check_url(url: str, source: str | Path, where: str) -> None:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        parts, host = None, None
+    blank = any(c.isspace() for c in url)
+    if parts is None or parts.scheme not in ("http", "https") or not host or blank:
+        raise InputError(
+            source, where, "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1"
+        )
+    if parts.username or parts.password:
+        raise InputError(source, where, f"must not hold a user name or password: {_USE_ENV}")
+    if any(_secret_name(name) for name, _ in parse_qsl(parts.query)):
+        raise InputError(source, where, f"must not hold a key in its query: {_USE_ENV}")
+
+
+# Literal credentials. The config text is stored in the campaign database (and its settings
+# shown by `check`), so a key written into it would be kept for good: refuse it, and say where
+# it goes instead.
+_USE_ENV = (
+    "a credential in the config would be stored in the campaign database; put it in an "
+    'environment variable and name the variable instead (api_key_env = "MY_KEY_VAR")'
+)
+# Setting and header names that hold secrets ("-" read as "_", case ignored); a name ending
+# in _env holds the NAME of an environment variable, which is the safe way.
+_SECRET_NAME = re.compile(
+    r"(?:^|_)(?:api_?key|secret(?:_access)?_key|secret|password|passwd|token|access_token|"
+    r"auth_token|session_token|authorization|cookie|credentials?)$"
+)
+_SECRET_HEADER = re.compile(rf"{_SECRET_NAME.pattern}|(?:^|_)key$")
+_HEADER_OPTIONS = ("extra_headers", "headers", "default_headers")
+# Shapes of keys and tokens (OpenAI, Anthropic, Google, GitHub, Slack, bearer tokens).
+_KEYLIKE = re.compile(
+    r"\b(?:sk-[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,})|\bBearer\s+[A-Za-z0-9._~+/=-]{16,}"
+)
+
+
+def _secret_name(name: str, pattern: re.Pattern[str] = _SECRET_NAME) -> bool:
+    return bool(pattern.search(name.lower().replace("-", "_")))
+
+
+def _refuse_credentials(table: dict[str, Any], source: str | Path, where: str) -> None:
+    """Refuse a model table (still raw TOML data) that holds a literal credential."""
+    for key, value in table.items():
+        path = join_path(where, key)
+        if key == "options" and isinstance(value, dict):
+            _refuse_credential_options(value, source, path)
+        elif _secret_name(key):
+            raise InputError(source, path, f"not allowed: {_USE_ENV}")
+
+
+def _refuse_credential_options(options: dict[str, Any], source: str | Path, where: str) -> None:
+    for key, value in options.items():
+        path = join_path(where, str(key))
+        if str(key).endswith("_env"):
+            _check_env_names(value, source, path)
+        elif key in _HEADER_OPTIONS and isinstance(value, dict):
+            for header in value:
+                if _secret_name(str(header), _SECRET_HEADER):
+                    safe = f'options.extra_headers_env = {{ "{header}" = "MY_HEADER_VAR" }}'
+                    raise InputError(
+                        source,
+                        join_path(path, str(header)),
+                        "a credential header would be stored in the campaign database; put its "
+                        f"value in an environment variable and name the variable instead: {safe}",
+                    )
+        elif _secret_name(str(key)):
+            raise InputError(source, path, f"not allowed: {_USE_ENV}")
+        elif isinstance(value, dict):
+            _refuse_credential_options(value, source, path)
+
+
+def _check_env_names(value: Any, source: str | Path, where: str) -> None:
+    """An ``*_env`` option: a variable name, or a table of them (``extra_headers_env``)."""
+    names = value.items() if isinstance(value, dict) else [(None, value)]
+    for key, name in names:
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise InputError(
+                source,
+                where if key is None else join_path(where, str(key)),
+                "must be the NAME of an environment variable (e.g. MY_AUTH_HEADER) that holds "
+                "the value, not the value itself",
+            )
+
+
+def _refuse_keylike_lines(text: str, source: str | Path) -> None:
+    for number, line in enumerate(text.splitlines(), 1):
+        if _KEYLIKE.search(line):
+            raise InputError(
+                source, f"line {number}", f"looks like an API key or token: {_USE_ENV}"
+            )
+
+
+def check_planned_size(
+    counselors: int, profiles: int, per_profile: int, source: str | Path
+) -> None:
+    """Refuse a campaign that would plan more than :data:`MAX_PLANNED_CONVERSATIONS`
+    (checked before the conversations are listed).
+
+    Raises:
+        InputError: naming ``campaign.conversations_per_profile`` and the product.
+    """
+    planned = counselors * profiles * per_profile
+    if planned > MAX_PLANNED_CONVERSATIONS:
+        raise InputError(
+            source,
+            "campaign.conversations_per_profile",
+            f"plans {planned} conversations ({counselors} counselor(s) x {profiles} profile(s) "
+            f"x {per_profile} per profile); a campaign plans at most "
+            f"{MAX_PLANNED_CONVERSATIONS}",
         )

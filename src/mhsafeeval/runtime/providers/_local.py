@@ -24,14 +24,15 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import anyio.to_thread
+import msgspec
 import structlog
 
 from ._guided import guided_json
-from ._registry import provider
+from ._registry import provider, typed_options
 from ._types import (
     CallParams,
     ChatMessage,
@@ -45,6 +46,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "CACHE_ENV",
     "LocalModel",
+    "LocalOptions",
     "bounded_schema",
     "builtin_model_path",
     "cache_dir",
@@ -433,9 +435,26 @@ class LocalModel:
         """The shared model stays loaded for other clients until the process ends."""
 
 
-@provider("local")
+class LocalOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``options`` of a ``local/...`` model (llama.cpp)."""
+
+    n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1_048_576)] = 8192
+    """Context window in tokens."""
+    n_threads: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None
+    """CPU threads (default: every usable core)."""
+    n_batch: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 512
+    """Prompt tokens evaluated per batch."""
+    max_string_chars: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 240
+    """Longest string in a structured answer."""
+    max_array_items: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 3
+    """Most items of a list in a structured answer."""
+
+
+@provider("local", options=LocalOptions)
 def local_factory(model: str, settings: ModelSettings) -> LocalModel:
-    """llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf>."""
+    """llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf> (options:
+    :class:`LocalOptions`)."""
+    typed_options(settings, LocalOptions)  # the engine reads the checked dict
     try:
         import llama_cpp  # noqa: F401 - fail early, with the fix, when the extra is missing
     except ImportError:

@@ -6,11 +6,12 @@ import importlib
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Union
+from typing import Annotated, Union
 
 import anyio
+import msgspec
 
-from ._registry import provider
+from ._registry import provider, typed_options
 from ._types import (
     CallParams,
     ChatMessage,
@@ -19,7 +20,14 @@ from ._types import (
     ProviderUnavailable,
 )
 
-__all__ = ["Reply", "Script", "ScriptedModel", "register_script", "scripted_factory"]
+__all__ = [
+    "Reply",
+    "Script",
+    "ScriptedModel",
+    "ScriptedOptions",
+    "register_script",
+    "scripted_factory",
+]
 
 Reply = Union[str, Completion, BaseException]  # noqa: UP007 - a runtime alias
 ScriptFn = Callable[[Sequence[ChatMessage], CallParams], Union[Reply, Awaitable[Reply]]]  # noqa: UP007
@@ -116,20 +124,23 @@ def register_script(name: str, script: Script, *, cycle: bool = False) -> None:
     _scripts[name] = (script, cycle)
 
 
-@provider("scripted")
+class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``options`` of a ``scripted/...`` model."""
+
+    delay_s: Annotated[float, msgspec.Meta(ge=0, lt=3600)] = 0.0
+    """Seconds to wait before each reply (a stand-in for network latency)."""
+    replies: list[str] | None = None
+    """Answer with these, in order, instead of a registered script."""
+    cycle: bool = True
+    """With ``replies``: start over at the end (otherwise running out is an error)."""
+
+
+@provider("scripted", options=ScriptedOptions)
 def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
-    """Scripted replies for tests and examples; ``options.delay_s`` waits before each reply."""
-    delay = settings.options.get("delay_s", 0.0)
-    if not isinstance(delay, int | float) or isinstance(delay, bool) or not 0 <= delay < 3600:
-        raise ProviderUnavailable(f"scripted/{model}: options.delay_s must be 0-3600 seconds")
-    replies = settings.options.get("replies")
-    if replies is not None:
-        if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
-            raise ProviderUnavailable(
-                f"scripted/{model}: options.replies must be a list of strings"
-            )
-        cycle = bool(settings.options.get("cycle", True))
-        return ScriptedModel(model, replies, cycle=cycle, delay_s=float(delay))
+    """Scripted replies for tests and examples (options: :class:`ScriptedOptions`)."""
+    options = typed_options(settings, ScriptedOptions)
+    if options.replies is not None:
+        return ScriptedModel(model, options.replies, cycle=options.cycle, delay_s=options.delay_s)
     if model not in _scripts and model.startswith("demo-"):
         # The demo personas (one per agent role) live with the other fakes in mhsafeeval.testing.
         importlib.import_module("mhsafeeval.testing")
@@ -140,4 +151,4 @@ def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
             "register one with mhsafeeval.testing.register_script or set options.replies"
         )
     script, cycle = _scripts[model]
-    return ScriptedModel(model, script, cycle=cycle, delay_s=float(delay))
+    return ScriptedModel(model, script, cycle=cycle, delay_s=options.delay_s)
