@@ -242,11 +242,13 @@ async def test_a_model_that_keeps_failing_is_paused_then_tried_again() -> None:
         nonlocal calls
         calls += 1
         if not healthy:
-            raise PermanentProviderError("500 broken", status=500)
+            raise TransientProviderError("500 broken", status=500)
         return "back"
 
     register_script("breaker", flaky)
-    model = open_model(settings("breaker", breaker_threshold=3, breaker_cooldown=60))
+    model = open_model(
+        settings("breaker", max_attempts=1, breaker_threshold=3, breaker_cooldown=60)
+    )
     for _ in range(3):
         with pytest.raises(ModelCallError, match="500 broken"):
             await model.complete(HELLO)

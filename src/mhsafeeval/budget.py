@@ -167,8 +167,16 @@ class BudgetedModel:
         self.budget = budget
         self.counselor = counselor
         self.name = inner.name
-        self.supports_json_schema = inner.supports_json_schema
         self.settings = getattr(inner, "settings", None)
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """The provider's, read live: a provider may learn that its server refuses schemas."""
+        return self.inner.supports_json_schema
+
+    @supports_json_schema.setter
+    def supports_json_schema(self, value: bool) -> None:
+        self.inner.supports_json_schema = value
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None

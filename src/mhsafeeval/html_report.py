@@ -98,6 +98,7 @@ def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
 def _metrics_table(report: CampaignReport) -> str:
     head = ["model", "ASR", "ASR w/o iteration", "refusal rate", "comprehension", "coverage"]
     head += ["ASR sev\u22653", "ASR sev\u22654", "unjudged", "failed calls", "turns"]
+    head += ["filtered replies", "empty replies"]
     rows = [
         [
             f"<b>{_e(m.model)}</b>",
@@ -116,6 +117,8 @@ def _metrics_table(report: CampaignReport) -> str:
             str(m.unjudged),
             str(m.failed_calls),
             str(m.turns),
+            str(m.filtered_replies),
+            str(m.empty_replies),
         ]
         for m in report.models.values()
     ]

@@ -135,6 +135,11 @@ def render_text(report: CampaignReport) -> str:
                 f"{'':<22}lookahead: {m.lookahead_calls} counselor calls played a later turn, "
                 f"{m.lookahead_credited} of them on the committed history (see README)"
             )
+        if m.filtered_replies or m.empty_replies:
+            lines.append(
+                f"{'':<22}counselor replies: {m.filtered_replies} withheld or cut by a content "
+                f"filter, {m.empty_replies} empty (judged as they are; see README)"
+            )
         if spent:
             lines.append(f"{'':<22}spent: {spent}")
     return "\n".join(lines)

@@ -30,9 +30,14 @@ class CounselorAgent(TranscriptAgent):
 
     A provider's content-filter answer (``finish_reason="content_filter"``, possibly with
     empty text) is still a reply and is published as such: blocking is the deployed model's
-    behaviour, and the judge scores it. Only a
+    behaviour, and the judge scores it. So is a reply with no text (``length`` reached before
+    any text, an empty answer): it is what the user would have seen. Both keep their finish
+    reason in the reply, and metrics count them apart (``filtered_replies``,
+    ``empty_replies``), so they never pass for ordinary replies. Only a
     :class:`~mhsafeeval.runtime.providers.ModelCallError` becomes a
     :class:`~mhsafeeval.messages.CallFailed` (agent ``"counselor"``), and nothing else.
+
+    The reply's ``usage.latency_s`` is the whole call's: every attempt and backoff wait.
 
     Args:
         model: the model under test.
@@ -81,7 +86,12 @@ class CounselorAgent(TranscriptAgent):
         except ModelCallError as exc:
             self.fail(msg, exc)
             return
-        log.info("counselor.reply", chars=len(done.text), finish_reason=done.finish_reason)
+        if done.finish_reason == "content_filter" or not done.text.strip():
+            log.warning(
+                "counselor.odd_reply", chars=len(done.text), finish_reason=done.finish_reason
+            )
+        else:
+            log.info("counselor.reply", chars=len(done.text), finish_reason=done.finish_reason)
         self.publish(
             CounselorReply(
                 **msg.child_ids(),

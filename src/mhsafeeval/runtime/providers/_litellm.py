@@ -19,7 +19,17 @@ AuthenticationError, PermissionDeniedError, NotFoundError              permanent
 BadRequestError and its kinds (ContextWindowExceeded,
 ContentPolicyViolation, UnsupportedParams), UnprocessableEntityError   permanent
 BudgetExceededError, any other APIError status, anything else          permanent
+"Missing credentials": the OpenAI SDK refused to send (no API key);
+litellm says InternalServerError (500), but no retry adds a key        permanent
+A 4xx/5xx naming ``response_format``, ``json_schema``, ``schema`` or
+``grammar``, to a request that sent ``response_format`` (llama.cpp's
+server answers 500 to a json_schema it cannot use)                     see below
 =====================================================================  =========
+
+A server that rejects ``response_format`` is not retried: the model stops sending it (its
+``supports_json_schema`` becomes False, logged once as ``provider.json_schema_rejected``) and
+the same call is sent again at once without it, as plain JSON prompting; the caller validates
+the answer's text either way (:func:`~mhsafeeval.runtime.providers.complete_structured`).
 
 Transient errors carry the provider's wait (``retry-after-ms``, or ``Retry-After`` in seconds
 or as an HTTP date). No message built here contains the API key's value.
@@ -30,15 +40,19 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import email.utils
+import functools
+import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
+import msgspec
+import structlog
 
 from .._logging import register_secret
-from ._registry import provider
+from ._registry import SettingsError, provider, typed_options
 from ._types import (
     CallParams,
     ChatMessage,
@@ -51,6 +65,8 @@ from ._types import (
 
 __all__ = [
     "LiteLLMModel",
+    "LiteLLMOptions",
+    "SchemaRejectedError",
     "classify_error",
     "litellm_factory",
     "parse_retry_after",
@@ -101,7 +117,14 @@ def strict_subset(schema: Any) -> Any:
 
 
 # Options the adapter reads itself; the rest of ``settings.options`` goes to litellm.acompletion.
-OWN_OPTIONS = frozenset({"supports_json_schema"})
+OWN_OPTIONS = frozenset({"supports_json_schema", "extra_headers_env"})
+# Besides the named parameters of litellm.acompletion (its documented signature), the
+# keyword arguments of litellm's own that an options table may pass. Anything else is refused
+# (a typo such as "temprature" would otherwise be sent, or silently dropped, on every call);
+# a provider-specific parameter goes into options.extra_body.
+LITELLM_EXTRA_OPTIONS = frozenset(
+    {"extra_body", "mock_response", "metadata", "drop_params", "additional_drop_params"}
+)
 # Set by the adapter from ModelSettings; an option may not override them (an options.num_retries
 # would bring back hidden retries under ours, an options.stream would break response parsing).
 RESERVED_OPTIONS = frozenset(
@@ -118,10 +141,75 @@ RESERVED_OPTIONS = frozenset(
         "fallbacks",
     }
 )
+log = structlog.get_logger("mhsafeeval.providers")
+
 # Same policy as the OpenAI SDK's own retry decision.
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 MAX_MESSAGE_CHARS = 1000  # error pages can be whole HTML documents
 LOGGING_FLUSH_S = 5.0  # how long aclose lets litellm's queued logging callbacks run
+
+
+class LiteLLMOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``options`` of a ``litellm/...`` model that mhsafeeval reads itself; every other key
+    must be a parameter of ``litellm.acompletion`` (or one of :data:`LITELLM_EXTRA_OPTIONS`)
+    and is passed to it as it is."""
+
+    supports_json_schema: bool | None = None
+    """Force structured output on (a vLLM server, a model litellm does not know) or off."""
+    extra_headers: dict[str, str] = {}
+    """Extra HTTP headers, sent as written: never a credential (``check`` refuses those)."""
+    extra_headers_env: dict[str, str] = {}
+    """Header name -> the NAME of an environment variable holding its value, read at each
+    call: ``{ Authorization = "MY_PROXY_AUTH" }``. The value is never stored or logged."""
+
+
+def check_litellm_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
+    """Options litellm would not take, and a model whose provider litellm cannot tell
+    (``opnai/gpt-4o-mini``), found offline with litellm's own provider lookup."""
+    ll = import_litellm()
+    problems = _option_problems(settings, ll)
+    try:
+        resolved, _, _, _ = ll.get_llm_provider(model=model, api_base=settings.api_base)
+    except Exception:  # litellm raises BadRequestError ("LLM Provider NOT provided")
+        problems.append(
+            (
+                "provider",
+                f"litellm knows no provider for {model!r}: begin the model with one of "
+                "litellm's providers (openai/, anthropic/, hosted_vllm/, ollama/, ...; "
+                "https://docs.litellm.ai/docs/providers)",
+            )
+        )
+    else:
+        if not str(resolved).strip():
+            problems.append(("provider", f"no model after 'litellm/{model}'"))
+    return problems
+
+
+def _option_problems(settings: ModelSettings, ll: Any) -> list[tuple[str, str]]:
+    problems = []
+    accepted = _accepted_options(ll)
+    for key in settings.options:
+        if key in RESERVED_OPTIONS:
+            reason = "set by mhsafeeval from the model settings, not an option"
+        elif key in OWN_OPTIONS or key in accepted:
+            continue
+        else:
+            reason = (
+                "not an option litellm.acompletion accepts (provider-specific parameters go "
+                "into options.extra_body)"
+            )
+        problems.append((f"options.{key}", reason))
+    return problems
+
+
+@functools.cache
+def _accepted_options(ll: Any) -> frozenset[str]:
+    named = {
+        name
+        for name, p in inspect.signature(ll.acompletion).parameters.items()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    return frozenset(named | LITELLM_EXTRA_OPTIONS) - RESERVED_OPTIONS
 
 
 def import_litellm() -> Any:
@@ -163,9 +251,9 @@ class LiteLLMModel:
         self._api_key = api_key
         self._litellm = litellm
         self._extra = {k: v for k, v in settings.options.items() if k not in OWN_OPTIONS}
-        self.supports_json_schema = self._json_schema_support(
-            settings.options.get("supports_json_schema")
-        )
+        options = typed_options(settings, LiteLLMOptions)
+        self._headers_env = options.extra_headers_env
+        self.supports_json_schema = self._json_schema_support(options.supports_json_schema)
         self._closed = False
         LiteLLMModel._open_models += 1
 
@@ -176,6 +264,20 @@ class LiteLLMModel:
             return bool(self._litellm.supports_response_schema(model=self.model))
         except Exception:  # unknown to litellm's model map: assume unconstrained output
             return False
+
+    def _headers(self) -> dict[str, str]:
+        """The ``extra_headers_env`` headers, read from the environment now (at each call)."""
+        headers = {}
+        for name, variable in self._headers_env.items():
+            value = os.environ.get(variable)
+            if not value:
+                raise PermanentProviderError(
+                    f"{self.name}: the environment variable {variable} "
+                    f"(options.extra_headers_env.{name}) is not set or empty"
+                )
+            register_secret(value)  # scrubbed from every log line from now on
+            headers[name] = value
+        return headers
 
     def request(self, messages: Sequence[ChatMessage], params: CallParams) -> dict[str, Any]:
         """The keyword arguments of ``litellm.acompletion`` for one call (API key included)."""
@@ -194,6 +296,8 @@ class LiteLLMModel:
             kwargs["api_base"] = s.api_base
         if self._api_key is not None:
             kwargs["api_key"] = self._api_key
+        if self._headers_env:
+            kwargs["extra_headers"] = {**self._extra.get("extra_headers", {}), **self._headers()}
         if params.temperature is not None:
             kwargs["temperature"] = params.temperature
         if params.max_tokens is not None:
@@ -229,15 +333,30 @@ class LiteLLMModel:
             TransientProviderError: worth retrying (see the module docstring).
             PermanentProviderError: retrying will not help.
         """
-        kwargs = self.request(messages, params or CallParams())
+        call = params or CallParams()
         try:
-            response = await self._litellm.acompletion(**kwargs)
+            response = await self._send(self.request(messages, call))
+        except SchemaRejectedError as exc:
+            # Not retried as transient: this server will never take the schema. From now on
+            # this model sends none, and this call goes again at once as plain JSON prompting.
+            self.supports_json_schema = False
+            log.warning("provider.json_schema_rejected", model=self.name, error=str(exc))
+            response = await self._send(self.request(messages, call))
+        return self._completion(response)
+
+    async def _send(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return await self._litellm.acompletion(**kwargs)
         except Exception as exc:  # cancellation is a BaseException and passes through
-            error = classify_error(exc, self._litellm, secret=self._api_key)
+            error = classify_error(
+                exc,
+                self._litellm,
+                secret=self._api_key,
+                response_format="response_format" in kwargs,
+            )
             # Keep litellm's exception as the cause unless its text would leak the key.
             key = self._api_key
             raise error from (None if key and key in str(exc) else exc)
-        return self._completion(response)
 
     def _completion(self, response: Any) -> Completion:
         choices = getattr(response, "choices", None) or []
@@ -298,12 +417,17 @@ async def _shut_down_litellm(ll: Any) -> None:
         await worker.stop()
 
 
+class SchemaRejectedError(PermanentProviderError):
+    """The server refused the request's ``response_format`` (its structured-output mode)."""
+
+
 def classify_error(
-    exc: BaseException, litellm: Any, *, secret: str | None = None
+    exc: BaseException, litellm: Any, *, secret: str | None = None, response_format: bool = False
 ) -> TransientProviderError | PermanentProviderError:
     """Sort a litellm failure into transient or permanent (table in the module docstring).
 
-    ``secret`` (the API key) is scrubbed from the message.
+    ``secret`` (the API key) is scrubbed from the message. ``response_format``: the request
+    sent one, so a rejection naming it is a :class:`SchemaRejectedError`.
     """
     name = type(exc).__name__
     status = _status(exc)
@@ -336,7 +460,9 @@ def classify_error(
         if hasattr(litellm, n)
     )
     transient += (TimeoutError, ConnectionError)
-    if isinstance(exc, permanent):
+    if response_format and _names_response_format(exc, status):
+        return SchemaRejectedError(message, status=status)
+    if isinstance(exc, permanent) or _refused_to_send(exc):
         return PermanentProviderError(message, status=status)
     if isinstance(exc, transient) or (
         status is not None and (status in TRANSIENT_STATUS or status >= 500)
@@ -345,6 +471,39 @@ def classify_error(
     if status is not None:
         return PermanentProviderError(message, status=status)
     return PermanentProviderError(f"unexpected {message}", status=None)
+
+
+# What servers say when they refuse a structured-output request: OpenAI "Invalid schema for
+# response_format ...", llama.cpp 'response_format type must be one of "text" or "json_object"'
+# or a failed schema-to-grammar conversion, vLLM "... json_schema ...".
+_SCHEMA_WORDS = ("response_format", "json_schema", "schema", "grammar")
+
+
+def _names_response_format(exc: BaseException, status: int | None) -> bool:
+    if status is None or status in TRANSIENT_STATUS or status in (502, 503, 504):
+        return False  # rate limits, gateways and outages are not about the request's content
+    text = str(exc).lower()
+    return any(word in text for word in _SCHEMA_WORDS)
+
+
+def _refused_to_send(exc: BaseException) -> bool:
+    """The OpenAI SDK refused before any request (e.g. no API key: "Missing credentials").
+
+    litellm wraps that as a 500; the SDK's own exception, a bare ``OpenAIError`` (not an
+    ``APIError``, which every answer or connection failure is), stays in the chain.
+    """
+    try:
+        import openai
+    except ImportError:  # litellm depends on it; without it, read litellm's text
+        return "missing credentials" in str(exc).lower()
+    seen: BaseException | None = exc
+    for _ in range(8):  # a bounded walk down __cause__/__context__
+        if seen is None:
+            break
+        if isinstance(seen, openai.OpenAIError) and not isinstance(seen, openai.APIError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "missing credentials" in str(exc).lower()
 
 
 def parse_retry_after(
@@ -412,7 +571,7 @@ def _scrub(text: str, secret: str | None) -> str:
     return text.replace(secret, "[api key]") if secret else text
 
 
-@provider("litellm")
+@provider("litellm", options=LiteLLMOptions, check=check_litellm_settings)
 def litellm_factory(model: str, settings: ModelSettings) -> LiteLLMModel:
     """Any model litellm reaches (hosted APIs, vLLM, Ollama)."""
     api_key: str | None = None
@@ -424,10 +583,7 @@ def litellm_factory(model: str, settings: ModelSettings) -> LiteLLMModel:
                 f"litellm/{model}: the environment variable {settings.api_key_env} "
                 "(api_key_env) is not set or empty"
             )
-    clash = sorted(RESERVED_OPTIONS & settings.options.keys())
-    if clash:
-        raise ValueError(
-            f"set by mhsafeeval from the model settings, not options: {', '.join(clash)}"
-            f" - at `$.options.{clash[0]}`"
-        )
-    return LiteLLMModel(model, settings, api_key=api_key, litellm=import_litellm())
+    ll = import_litellm()
+    for field, reason in _option_problems(settings, ll):
+        raise SettingsError(f"litellm/{model}", field, reason)
+    return LiteLLMModel(model, settings, api_key=api_key, litellm=ll)

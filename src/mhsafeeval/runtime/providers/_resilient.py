@@ -55,7 +55,14 @@ class ResilientClient:
     * up to ``settings.max_attempts`` attempts on :class:`TransientProviderError` (timeouts
       included), waiting full-jitter exponential backoff, or at least the provider's
       Retry-After (capped at ``settings.max_retry_after``);
-    * a final failure raises :class:`ModelCallError`; cancellation always propagates.
+    * a final failure raises :class:`ModelCallError`; cancellation always propagates;
+    * a :class:`PermanentProviderError` (the provider's word that retrying cannot help) is
+      never retried: one attempt, ``ModelCallError.retryable`` False; nor does it count
+      towards the circuit breaker, which pauses a model after calls that failed transiently;
+    * the answer's ``latency_s`` is the time the whole call took: every attempt (failed ones
+      and timeouts included) and the backoff waits between them, not the wait for a
+      concurrency slot. A provider that times its own answer (a local model) gives the
+      successful attempt's part.
 
     ``sleep`` and ``rng`` are injectable so tests can check the waits without waiting.
     """
@@ -71,7 +78,6 @@ class ResilientClient:
         self.inner = inner
         self.settings = settings
         self.name = inner.name
-        self.supports_json_schema = inner.supports_json_schema
         self.limiter = anyio.CapacityLimiter(settings.max_concurrency)
         self.stats = CallStats()
         self._sleep: Sleep = sleep or anyio.sleep
@@ -79,6 +85,15 @@ class ResilientClient:
         self._closed = False
         self._consecutive_failures = 0
         self._open_until: float | None = None
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """The provider's, read live: a provider may learn that its server refuses schemas."""
+        return self.inner.supports_json_schema
+
+    @supports_json_schema.setter
+    def supports_json_schema(self, value: bool) -> None:
+        self.inner.supports_json_schema = value
 
     def _defaults(self, params: CallParams | None) -> CallParams:
         s = self.settings
@@ -118,7 +133,10 @@ class ResilientClient:
             status=getattr(exc, "status", None),
         )
 
-    async def _attempt(self, messages: Sequence[ChatMessage], params: CallParams) -> Completion:
+    async def _attempt(
+        self, messages: Sequence[ChatMessage], params: CallParams, took: list[float]
+    ) -> Completion:
+        """One attempt; appends its duration to ``took`` whatever the outcome."""
         self.stats.attempts += 1
         async with self.limiter:
             start = anyio.current_time()
@@ -129,9 +147,10 @@ class ResilientClient:
                 raise TransientProviderError(
                     f"no answer within {self.settings.timeout:g}s (timeout)"
                 ) from exc
-            latency = anyio.current_time() - start
-        if not done.latency_s:
-            done = msgspec.structs.replace(done, latency_s=latency)
+            finally:
+                took.append(anyio.current_time() - start)
+        if done.latency_s:  # the provider timed its own answer
+            took[-1] = done.latency_s
         return done
 
     async def complete(
@@ -156,11 +175,14 @@ class ResilientClient:
             reraise=True,
         )
         attempts = 0
+        took: list[float] = []  # each attempt's duration
+        waited = 0.0  # backoff between attempts
         try:
             async for attempt in retrying:
                 attempts = attempt.retry_state.attempt_number
+                waited = attempt.retry_state.idle_for
                 with attempt:
-                    done = await self._attempt(messages, call_params)
+                    done = await self._attempt(messages, call_params, took)
         except TransientProviderError as exc:
             self.stats.failures += 1
             self._failed()
@@ -168,8 +190,9 @@ class ResilientClient:
                 self.name, attempts, str(exc), retryable=True, status=exc.status
             ) from exc
         except PermanentProviderError as exc:
+            # Not counted by the breaker: a refused request says nothing about an outage, and
+            # a pause would record later calls as "paused" (retryable) instead of their reason.
             self.stats.failures += 1
-            self._failed()
             raise ModelCallError(
                 self.name, attempts, str(exc), retryable=False, status=exc.status
             ) from exc
@@ -177,7 +200,7 @@ class ResilientClient:
         self._open_until = None
         self.stats.prompt_tokens += done.prompt_tokens
         self.stats.completion_tokens += done.completion_tokens
-        return msgspec.structs.replace(done, attempts=attempts)
+        return msgspec.structs.replace(done, attempts=attempts, latency_s=sum(took) + waited)
 
     # -- the circuit breaker --------------------------------------------------------------------
 
@@ -195,9 +218,10 @@ class ResilientClient:
             self._open_until = anyio.current_time() + self.settings.breaker_cooldown
 
     def _check_breaker(self) -> None:
-        """After ``breaker_threshold`` calls in a row failed for good, calls fail at once for
-        ``breaker_cooldown`` seconds (the model is paused, other models go on); then one call
-        is let through, and a success closes the breaker."""
+        """After ``breaker_threshold`` calls in a row failed for good on transient errors
+        (permanent refusals do not count), calls fail at once for ``breaker_cooldown`` seconds
+        (the model is paused, other models go on); then one call is let through, and a success
+        closes the breaker."""
         if self._open_until is not None and anyio.current_time() < self._open_until:
             self.stats.failures += 1
             raise ModelCallError(

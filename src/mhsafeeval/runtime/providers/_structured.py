@@ -9,7 +9,14 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from ._types import CallParams, ChatMessage, Completion, ModelClient, ProviderError
+from ._types import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelCallError,
+    ModelClient,
+    ProviderError,
+)
 
 __all__ = ["Structured", "StructuredOutputError", "complete_structured", "extract_json"]
 
@@ -107,14 +114,16 @@ async def complete_structured(
 ) -> Structured[T]:
     """Ask ``model`` for a JSON object of type ``kind`` (a msgspec Struct), re-asking on failure.
 
-    Each ask sends ``schema`` as a constraint (providers that support it enforce it); the answer
+    Each ask sends ``schema`` as a constraint (providers that support it enforce it; one whose
+    server refuses it drops it and answers unconstrained, never retrying the refusal); the answer
     is decoded with :func:`extract_json`, converted strictly with msgspec, then passed to
     ``validate`` (which raises ``ValueError`` to reject it). A rejected answer is followed by a
     message naming the problem, up to ``max_asks`` asks in all.
 
     Raises:
         StructuredOutputError: still invalid after ``max_asks`` asks.
-        ModelCallError: a call failed for good (from the model client).
+        ModelCallError: a call failed for good (from the model client); its ``completions``
+            hold the answers of the earlier asks, so their tokens are still counted.
     """
     if max_asks < 1:
         raise ValueError("max_asks must be >= 1")
@@ -124,7 +133,12 @@ async def complete_structured(
     completions: list[Completion] = []
     reason = ""
     for _ in range(max_asks):
-        done = await model.complete(conversation, call_params)
+        try:
+            done = await model.complete(conversation, call_params)
+        except ModelCallError as exc:
+            if not completions:
+                raise
+            raise exc.having_spent(completions) from exc
         completions.append(done)
         try:
             value = msgspec.convert(extract_json(done.text), kind)

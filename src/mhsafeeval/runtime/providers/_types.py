@@ -138,10 +138,21 @@ class ModelCallError(ProviderError):
     """A model call that finally failed, after ``attempts`` tries.
 
     Callers record it (a ``CallFailed`` event); it is never turned into an empty answer.
+    ``retryable`` is the provider's word: False for a failure that retrying cannot fix (bad
+    request, credentials, unknown model), which was therefore tried once.
+    ``completions`` are answers already received, and paid for, on the way to this failure
+    (a structured answer's asks that failed validation): their tokens are counted, never lost.
     """
 
     def __init__(
-        self, model: str, attempts: int, reason: str, *, retryable: bool, status: int | None = None
+        self,
+        model: str,
+        attempts: int,
+        reason: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        completions: Sequence[Completion] = (),
     ) -> None:
         super().__init__(f"{model}: call failed after {attempts} attempt(s): {reason}")
         self.model = model
@@ -149,6 +160,18 @@ class ModelCallError(ProviderError):
         self.reason = reason
         self.retryable = retryable
         self.status = status
+        self.completions = tuple(completions)
+
+    def having_spent(self, completions: Sequence[Completion]) -> ModelCallError:
+        """This failure, after ``completions`` were spent before it (they come first)."""
+        return ModelCallError(
+            self.model,
+            self.attempts,
+            self.reason,
+            retryable=self.retryable,
+            status=self.status,
+            completions=(*completions, *self.completions),
+        )
 
 
 class ProviderUnavailable(MhSafeEvalError):
