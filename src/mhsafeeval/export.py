@@ -52,6 +52,7 @@ Outcome = Literal["verdict", "unjudged", "failed", "incomplete"]
 these yet (an interrupted campaign)."""
 
 _LIST_SEPARATOR = " | "
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets read as a formula
 _OUTCOME_EVENTS = (Verdict, Unjudged, CallFailed)
 _ATTEMPT_EVENTS = (Directive, Instruction, ClientUtterance, CounselorReply, *_OUTCOME_EVENTS)
 
@@ -261,7 +262,9 @@ def _csv_value(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, list):
-        return _LIST_SEPARATOR.join(str(v) for v in value)
+        value = _LIST_SEPARATOR.join(str(v) for v in value)
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value  # model text must never run as a formula (OWASP CSV injection)
     return value
 
 
@@ -278,6 +281,12 @@ async def export(
     CSV has a header row naming every :class:`AttemptRecord` field; lists are joined with
     ``" | "`` and ``None`` is an empty cell. Fields with commas, quotes or line breaks are
     quoted, so a multi-line reply stays one record: open a file for it with ``newline=""``.
+
+    CSV files are opened in spreadsheets, and the text in them comes from models: a text cell
+    that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return gets a leading
+    ``'``, so a spreadsheet shows it as text instead of evaluating it as a formula (OWASP's
+    CSV-injection advice). Remove that one ``'`` to get the exact text; numbers are written as
+    they are, and JSON lines keep every text exactly.
 
     Raises:
         InputError: No such campaign, or an unknown format.

@@ -80,7 +80,8 @@ class SqliteEventStore:
         path: The database file (created unless ``read_only``).
         batch_size: Most events per transaction.
         flush_interval: Seconds the writer waits for a batch to fill before committing it.
-        read_only: Open for reading only; the file must exist.
+        read_only: Open for reading only; the file must exist. Needs no write access to the
+            file or its folder.
         max_pending: Queued events at which :meth:`append` waits for the writer.
         page_size: Rows fetched per query by :meth:`events` and :meth:`event_ids`.
         clock: Source of ``recorded_at``/``created_at`` (Unix seconds).
@@ -529,8 +530,7 @@ async def _connect(path: Path, *, create: bool) -> aiosqlite.Connection:
         if create:
             conn = await aiosqlite.connect(path, isolation_level=None)
         else:
-            uri = f"{Path(os.path.abspath(path)).as_uri()}?mode=ro"  # noqa: ASYNC240 - no I/O
-            conn = await aiosqlite.connect(uri, uri=True)
+            conn = await _connect_reader(path)
     finally:
         os.umask(old_umask)
     try:
@@ -548,6 +548,42 @@ async def _connect(path: Path, *, create: bool) -> aiosqlite.Connection:
             await conn.close()
         raise
     return conn
+
+
+async def _connect_reader(path: Path) -> aiosqlite.Connection:
+    """A ``mode=ro`` connection, which needs no write access to the file or its folder.
+
+    SQLite reads a WAL database through its ``-shm`` index; when that file is absent and the
+    folder cannot hold it (a read-only folder or mount), ``mode=ro`` fails. If there is no
+    ``-wal`` content either, everything committed is in the main file and SQLite's
+    ``immutable=1`` reads it without the index or any lock (SQLite's "Read-Only Databases"
+    rule for WAL mode). With ``-wal`` content, ``immutable`` would silently miss those
+    commits: that is refused instead.
+    """
+    uri = Path(os.path.abspath(path)).as_uri()  # noqa: ASYNC240 - no I/O
+    conn = await aiosqlite.connect(f"{uri}?mode=ro", uri=True)
+    try:
+        await conn.execute_fetchall("SELECT COUNT(*) FROM sqlite_master")  # maps the -shm
+        return conn
+    except sqlite3.OperationalError as exc:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+        if exc.sqlite_errorname not in ("SQLITE_READONLY_DIRECTORY", "SQLITE_CANTOPEN"):
+            raise
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise InputError(
+                path,
+                None,
+                f"cannot read: {wal.name} holds commits not yet merged into the file and "
+                f"the folder is read-only ({exc}); open it once where the folder is writable, "
+                "or copy both files somewhere writable",
+            ) from exc
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+        raise
+    return await aiosqlite.connect(f"{uri}?mode=ro&immutable=1", uri=True)
 
 
 async def _check_schema(conn: aiosqlite.Connection, path: Path, *, create: bool) -> None:
