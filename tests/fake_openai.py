@@ -24,7 +24,7 @@ import itertools
 import json
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -56,9 +56,11 @@ class Reply:
         held: wait for :meth:`FakeOpenAI.release` before answering, so a test can act while
             a request is in flight without sleeping.
         usage: ``(prompt_tokens, completion_tokens)``.
+        answer: compute the text from the request body (see :meth:`computed`).
         echo_key: an ``error`` whose message quotes the request's ``Authorization`` header,
             as some providers do ("Incorrect API key provided: ..."): tests use it to check
             that clients scrub the key from what they report.
+        message: an ``error``'s message (default ``fake error STATUS``).
     """
 
     kind: Kind = "chat"
@@ -72,6 +74,8 @@ class Reply:
     held: bool = False
     usage: tuple[int, int] = (11, 7)
     echo_key: bool = False
+    answer: Callable[[Any], str] | None = None
+    message: str = ""
 
     @classmethod
     def chat(
@@ -86,10 +90,28 @@ class Reply:
 
     @classmethod
     def error(
-        cls, status: int, *, headers: Mapping[str, str] | None = None, echo_key: bool = False
+        cls,
+        status: int,
+        *,
+        headers: Mapping[str, str] | None = None,
+        echo_key: bool = False,
+        message: str = "",
     ) -> Reply:
-        """An HTTP error with an OpenAI-style error body."""
-        return cls(kind="error", status=status, headers=dict(headers or {}), echo_key=echo_key)
+        """An HTTP error with an OpenAI-style error body (``message``: its text)."""
+        return cls(
+            kind="error",
+            status=status,
+            headers=dict(headers or {}),
+            echo_key=echo_key,
+            message=message,
+        )
+
+    @classmethod
+    def computed(cls, answer: Callable[[Any], str]) -> Reply:
+        """A completion whose text is ``answer(request_body)``: a stand-in model behind HTTP
+        (e.g. one of the ``scripted/demo-*`` personas), so a whole campaign can run through a
+        real provider path."""
+        return cls(answer=answer)
 
     @classmethod
     def drop(cls) -> Reply:
@@ -136,11 +158,15 @@ class FakeOpenAI:
 
     Replies are taken from the queue filled by :meth:`script`; when it is empty,
     :attr:`default` answers (an echo unless changed, e.g. ``server.default = Reply.error(503)``).
+    :meth:`always` makes every request for one model (the body's ``model``) get one reply
+    before the queue is looked at: "the judge model is down" while the others answer.
     """
 
     def __init__(self, default: Reply | None = None) -> None:
         self.default = default or Reply.chat()
         self._queue: collections.deque[Reply] = collections.deque()
+        self._always: dict[str, Reply] = {}
+        self._structured: Reply | None = None
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -168,6 +194,24 @@ class FakeOpenAI:
         """Queue replies for the next requests, in order."""
         with self._lock:
             self._queue.extend(replies)
+
+    def always(self, model: str, reply: Reply | None) -> None:
+        """Answer every request whose body names ``model`` with ``reply`` (None: stop doing so).
+
+        Model names arrive as the provider sends them (``litellm/openai/judge-x`` sends
+        ``judge-x``)."""
+        with self._lock:
+            if reply is None:
+                self._always.pop(model, None)
+            else:
+                self._always[model] = reply
+
+    def reject_response_format(self, reply: Reply | None) -> None:
+        """Answer every request that carries a ``response_format`` with ``reply`` (None: stop),
+        before :meth:`always` and the queue, as a server without structured output does
+        (llama.cpp's answers 500)."""
+        with self._lock:
+            self._structured = reply
 
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> None:
         """Block until ``count`` chat requests have arrived (from async code: run it in a
@@ -219,7 +263,15 @@ class FakeOpenAI:
         with self._lock:
             self._requests.append(request)
             self._arrived.notify_all()
-            reply = self._queue.popleft() if self._queue else self.default
+            model = request.body.get("model") if isinstance(request.body, dict) else None
+            fixed = self._always.get(model) if isinstance(model, str) else None
+            structured = isinstance(request.body, dict) and "response_format" in request.body
+            if structured and self._structured is not None:
+                reply = self._structured
+            elif fixed is not None:
+                reply = fixed
+            else:
+                reply = self._queue.popleft() if self._queue else self.default
             return reply, next(self._ids)
 
     def _wait(self, reply: Reply) -> bool:
@@ -275,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif reply.kind == "malformed":
             self._send_bytes(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, ', {})
         elif reply.kind == "error":
-            message = f"fake error {reply.status}"
+            message = reply.message or f"fake error {reply.status}"
             if reply.echo_key:
                 message += f"; Incorrect API key provided: {headers.get('authorization', '')}"
             payload = {
@@ -308,7 +360,9 @@ class _Handler(BaseHTTPRequestHandler):
 def _completion(reply: Reply, body: Any, number: int) -> dict[str, Any]:
     request = body if isinstance(body, dict) else {}
     text = reply.text
-    if reply.echo:
+    if reply.answer is not None:
+        text = reply.answer(request)
+    elif reply.echo:
         users = [m.get("content") for m in request.get("messages", []) if m.get("role") == "user"]
         text = str(users[-1]) if users else ""
     prompt_tokens, completion_tokens = reply.usage

@@ -43,9 +43,15 @@ ROLES = ("perpetrator", "enabler")
 CELLS: list[CellId] = [(c, r) for c in CATEGORIES for r in ROLES]
 CAMPAIGN = "camp"
 
-Failing = Literal["mutator", "client", "counselor", "judge"]
-Outcome = int | Literal["unjudged", "mutator", "client", "counselor", "judge"]
-"""What the world does with one attempt: a severity, no verdict, or which agent's call fails."""
+Failing = Literal["mutator", "client", "counselor"]
+Down = Literal["mutator-down", "client-down", "judge"]
+Outcome = (
+    int
+    | Literal["unjudged", "mutator", "client", "counselor", "judge", "mutator-down", "client-down"]
+)
+"""What the world does with one attempt: a severity, no verdict, or which agent's call fails:
+``mutator`` and ``client`` answered unusably (the attempt is spent), ``mutator-down``,
+``client-down`` and ``judge`` never answered (the turn stays open), ``counselor`` failed."""
 Decide = Callable[[Directive], Outcome]
 Conversations = Sequence[tuple[str, str]]
 """(conversation id, counselor model) pairs."""
@@ -56,17 +62,21 @@ def text(kind: str, msg: Message) -> str:
     return f"{kind} {msg.conversation}/{msg.turn}/{msg.attempt}"
 
 
-def failure(parent: Message, agent: str) -> CallFailed:
+def failure(parent: Message, agent: str, *, unusable: bool = False) -> CallFailed:
     return CallFailed(
-        **parent.child_ids(key=agent), agent=agent, model=f"fake/{agent}", error="down"
+        **parent.child_ids(key=agent),
+        agent=agent,
+        model=f"fake/{agent}",
+        error="unusable" if unusable else "down",
+        unusable=unusable,
     )
 
 
 def attempt_messages(d: Directive, outcome: Outcome) -> list[Message]:
     """The messages of one attempt, as the real agents would publish them, in order."""
     category, role = d.category, d.role
-    if outcome == "mutator":
-        return [failure(d, "mutator")]
+    if outcome in ("mutator", "mutator-down"):
+        return [failure(d, "mutator", unusable=outcome == "mutator")]
     instruction = Instruction(
         **d.child_ids(),
         category=category,
@@ -74,8 +84,8 @@ def attempt_messages(d: Directive, outcome: Outcome) -> list[Message]:
         text=text("instruction", d),
         operator=d.operator,
     )
-    if outcome == "client":
-        return [instruction, failure(instruction, "client")]
+    if outcome in ("client", "client-down"):
+        return [instruction, failure(instruction, "client", unusable=outcome == "client")]
     said = ClientUtterance(
         **instruction.child_ids(), category=category, role=role, text=text("client", d)
     )
@@ -92,6 +102,7 @@ def attempt_messages(d: Directive, outcome: Outcome) -> list[Message]:
             **reply.child_ids(key="judge"), category=category, role=role, reason="unparsable"
         )
     else:
+        assert isinstance(outcome, int)
         outcome_msg = Verdict(
             **reply.child_ids(key="judge"),
             category=category,
@@ -129,7 +140,8 @@ def notes_for(v: Verdict, count: int = 2) -> RefinerNotes:
 class Refiner(Agent):
     """Answers like the real refiner: notes only below the threshold while attempts remain.
 
-    ``fails`` lists the (turn, attempt) pairs whose notes fail (a ``CallFailed`` instead).
+    ``fails`` lists the (turn, attempt) pairs whose notes fail (a ``CallFailed`` instead):
+    unusable answers, or with ``down`` calls that never got an answer.
     """
 
     def __init__(
@@ -139,8 +151,10 @@ class Refiner(Agent):
         threshold: int,
         per_message: int = 2,
         fails: Collection[tuple[int, int]] = (),
+        down: bool = False,
     ) -> None:
         super().__init__()
+        self.down = down
         self.max_attempts = max_attempts
         self.threshold = threshold
         self.per_message = per_message
@@ -151,7 +165,7 @@ class Refiner(Agent):
         if msg.severity >= self.threshold or msg.attempt + 1 >= self.max_attempts:
             return
         if (msg.turn, msg.attempt) in self.fails:
-            self.publish(failure(msg, "refiner"))
+            self.publish(failure(msg, "refiner", unusable=not self.down))
         else:
             self.publish(notes_for(msg, self.per_message))
 
@@ -179,6 +193,7 @@ async def run_loop(
     max_turns: int = 1,
     refiner: bool = True,
     refiner_fails: Collection[tuple[int, int]] = (),
+    refiner_down: bool = False,
     notes_per_message: int = 2,
 ) -> tuple[Recorder, MapElitesController]:
     """Run conversations to the end; each wave starts once the previous one is idle."""
@@ -194,6 +209,7 @@ async def run_loop(
                 threshold=settings.threshold,
                 per_message=notes_per_message,
                 fails=refiner_fails,
+                down=refiner_down,
             )
             rt.add(fake, name="refiner")
         for wave in waves or ((("conv-a", "model-a"),),):
@@ -368,15 +384,13 @@ async def test_a_turn_of_only_unjudged_replies_is_never_safe() -> None:
 
 
 async def test_a_judged_attempt_wins_over_later_unjudged_ones() -> None:
-    rec, _ = await run_loop(LoopSettings(max_attempts=3), table([1, "unjudged", "judge"]))
+    rec, _ = await run_loop(LoopSettings(max_attempts=3), table([1, "unjudged", "unjudged"]))
     (commit,) = rec.of(TurnCommitted)
     assert (commit.committed_attempt, commit.success, commit.best_severity) == (0, False, 1)
     assert commit.counselor_calls == 3
 
 
-@pytest.mark.parametrize(
-    ("agent", "calls"), [("mutator", 1), ("client", 1), ("counselor", 1), ("judge", 2)]
-)
+@pytest.mark.parametrize(("agent", "calls"), [("mutator", 1), ("client", 1), ("counselor", 1)])
 async def test_a_failed_call_voids_the_attempt_and_moves_on(agent: Failing, calls: int) -> None:
     rec, _ = await run_loop(LoopSettings(seed=5, max_attempts=5), table([agent, 2]))
 
@@ -391,6 +405,30 @@ async def test_a_failed_call_voids_the_attempt_and_moves_on(agent: Failing, call
     assert (commit.committed_attempt, commit.success, commit.best_severity) == (1, True, 2)
     assert commit.counselor_calls == calls
     assert commit.client_text == text("client", d1)
+
+
+@pytest.mark.parametrize("down", ["mutator-down", "client-down", "judge", "refiner"])
+async def test_a_role_that_never_answered_leaves_its_turn_open(down: Down | str) -> None:
+    """No turn is committed past a role whose call got no answer: the conversation ends
+    failed at that turn, naming the role's model, and nothing is directed after it."""
+    turns: list[list[Outcome]] = [[2], [1, 2]] if down == "refiner" else [[2], [1, down]]  # type: ignore[list-item]
+    rec, _ = await run_loop(
+        LoopSettings(seed=8, max_attempts=3),
+        table(*turns),
+        max_turns=3,
+        refiner_fails={(1, 0)} if down == "refiner" else (),
+        refiner_down=True,
+    )
+    (commit,) = rec.of(TurnCommitted)
+    assert commit.turn == 0
+    (failed,) = rec.of(CallFailed)
+    (finished,) = rec.of(ConversationFinished)
+    assert (finished.status, finished.turn, finished.turns) == ("failed", 1, 1)
+    assert f"fake/{failed.agent}" in finished.detail and "did not answer" in finished.detail
+    assert finished.causation == failed.id
+    assert rec.messages[-1] == finished  # nothing is directed after the failure
+    expected = 1 if down == "refiner" else 2
+    assert coordinates(rec.of(Directive)) == [(0, 0), *((1, a) for a in range(expected))]
 
 
 async def test_failed_calls_leave_the_judged_attempt_committed() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,19 @@ from mhsafeeval.agents import (
     load_profiles,
 )
 from mhsafeeval.budget import Budget, BudgetedModel, check_prices
-from mhsafeeval.config import Config, canonical_config, check_runnable, config_differences
+from mhsafeeval.config import (
+    Config,
+    canonical_config,
+    check_planned_size,
+    check_runnable,
+    config_differences,
+)
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import JUDGES
 from mhsafeeval.messages import (
     ANSWERED_BY,
     ArchiveUpdated,
+    CallFailed,
     CampaignFinished,
     CampaignStarted,
     ClientUtterance,
@@ -51,11 +59,10 @@ from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
 from mhsafeeval.runtime.providers import (
     ModelClient,
     ModelSettings,
-    ProviderUnavailable,
     ResilientClient,
     open_model,
-    resolve_provider,
 )
+from mhsafeeval.runtime.providers._registry import settings_problems
 from mhsafeeval.search import CONTROLLERS, LoopSettings
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy, taxonomy_to_text
@@ -63,6 +70,7 @@ from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy, taxon
 __all__ = [
     "CampaignResult",
     "ConversationSpec",
+    "Preflight",
     "build_plan",
     "estimate_calls",
     "preflight",
@@ -132,6 +140,14 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
         builtin_profiles() if c.profiles == "builtin" else load_profiles(_resolve(c.profiles, base))
     )
     if c.profile_ids:
+        repeated = sorted({i for i in c.profile_ids if c.profile_ids.count(i) > 1})
+        if repeated:  # two conversations would share one id: one of them would be lost
+            raise InputError(
+                source,
+                "campaign.profile_ids",
+                f"profile ids are repeated: {', '.join(map(repr, repeated))} (list each once; "
+                "use campaign.conversations_per_profile for more conversations per profile)",
+            )
         by_id = {p.id: p for p in profiles}
         missing = [i for i in c.profile_ids if i not in by_id]
         if missing:
@@ -147,13 +163,31 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
     except PluginNotFound as exc:
         field = "campaign.controller" if "controller" in str(exc) else "campaign.judge"
         raise InputError(source, field, str(exc)) from None
+    check_planned_size(len(config.counselors), len(profiles), c.conversations_per_profile, source)
     specs = tuple(
-        ConversationSpec(f"{c.name}/{counselor}/{profile.id}/{index}", counselor, profile, index)
+        ConversationSpec(
+            conversation_id(c.name, counselor, profile.id, index), counselor, profile, index
+        )
         for counselor in config.counselors
         for profile in profiles
         for index in range(c.conversations_per_profile)
     )
+    ids = Counter(spec.id for spec in specs)
+    if len(ids) != len(specs):  # cannot happen with distinct names: a last line of defence
+        twice = [i for i, n in ids.items() if n > 1]
+        raise InputError(source, "campaign", f"two conversations would share the id {twice[0]!r}")
     return _Plan(taxonomy, specs)
+
+
+def conversation_id(campaign: str, counselor: str, profile: str, index: int) -> str:
+    """``campaign/counselor/profile/index``, unique by construction: a ``/`` or ``%`` inside
+    a name is percent-encoded, so ``a/b`` + ``c`` and ``a`` + ``b/c`` never meet. Names
+    without those characters give the same ids as before."""
+
+    def part(name: str) -> str:
+        return name.replace("%", "%25").replace("/", "%2F")
+
+    return f"{part(campaign)}/{part(counselor)}/{part(profile)}/{index}"
 
 
 def estimate_calls(config: Config, source: str | Path = "<config>") -> dict[str, tuple[int, int]]:
@@ -182,28 +216,60 @@ def estimate_calls(config: Config, source: str | Path = "<config>") -> dict[str,
     }
 
 
-def preflight(config: Config, source: str | Path = "<config>") -> list[InputError]:
-    """Problems with the models that would stop a run, found without calling any model.
+class Preflight(msgspec.Struct, frozen=True):
+    """What :func:`preflight` found that does not make a config wrong."""
 
-    Checks that every provider prefix is known and that every ``api_key_env`` is set. Returns
-    the problems (``check`` prints them as warnings; ``run`` refuses to start).
+    missing: tuple[InputError, ...] = ()
+    """What this machine lacks to run (an unset ``api_key_env``): ``run`` refuses to start,
+    ``check`` warns."""
+    warnings: tuple[InputError, ...] = ()
+    """Worth knowing, never refused (``campaign.concurrency`` beyond what the counselors take)."""
+
+
+def preflight(config: Config, source: str | Path = "<config>") -> Preflight:
+    """Check the models without calling any, before anything is written.
+
+    Every provider prefix must be known, every option one its provider accepts, every litellm
+    model one litellm can route (litellm is imported only when a table names a litellm model).
+
+    Raises:
+        InputError: the first model table its provider refuses, naming the key.
     """
-    problems = []
+    missing: list[InputError] = []
     for where, model in config.model_tables():
-        prefix = model.provider.partition("/")[0]
-        try:
-            resolve_provider(prefix)
-        except ProviderUnavailable as exc:
-            problems.append(InputError(source, f"{where}.provider", str(exc)))
-        if model.api_key_env and not os.environ.get(model.api_key_env):
-            problems.append(
-                InputError(
-                    source,
-                    f"{where}.api_key_env",
-                    f"the environment variable {model.api_key_env} is not set",
-                )
+        for field, reason in settings_problems(model):
+            raise InputError(source, f"{where}.{field}", reason)
+        for field, variable in _environment_names(model):
+            if not os.environ.get(variable):
+                reason = f"the environment variable {variable} is not set"
+                missing.append(InputError(source, f"{where}.{field}", reason))
+    # Counselor calls share one limit per distinct settings (see run_campaign's client_for).
+    limits = {msgspec.json.encode(m): m.max_concurrency for m in config.counselors.values()}
+    warnings = []
+    if config.campaign.concurrency > sum(limits.values()):
+        warnings.append(
+            InputError(
+                source,
+                "campaign.concurrency",
+                f"{config.campaign.concurrency} is more than the counselor models allow "
+                f"together ({sum(limits.values())} calls in flight: the sum of "
+                "counselors.*.max_concurrency); the other conversations only wait, which "
+                "slows the run down",
             )
-    return problems
+        )
+    return Preflight(tuple(missing), tuple(warnings))
+
+
+def _environment_names(model: ModelSettings) -> list[tuple[str, str]]:
+    """The environment variables a model table names: ``api_key_env`` and the ``*_env``
+    options (``extra_headers_env = { Authorization = "VAR" }``), with their key paths."""
+    names = [("api_key_env", model.api_key_env)] if model.api_key_env else []
+    for key, value in model.options.items():
+        if key.endswith("_env") and isinstance(value, dict):
+            names += [(f"options.{key}.{k}", v) for k, v in value.items() if isinstance(v, str)]
+        elif key.endswith("_env") and isinstance(value, str):
+            names.append((f"options.{key}", value))
+    return names
 
 
 class _History:
@@ -274,31 +340,40 @@ async def _history(
 
 
 def _failed_turns(messages: list[Message]) -> list[Message]:
-    """What to move aside so that each failed conversation retries the turn it failed in: that
-    turn's events and the conversation's (and, if it had one, the campaign's) end record.
+    """What to move aside so that each failed conversation picks up where it stopped.
 
-    Only a turn that changed nothing shared is retried: one without a verdict (the usual case:
-    no call of the turn got an answer, e.g. the provider was down). A failure after verdicts
-    (a crashed handler, say) stays as it is, since the archive already learnt from that turn.
+    * A role that never answered (a judge, client, mutator or refiner call that failed for
+      good: :attr:`CallFailed.owed`), or a conversation that stalled: only those failure
+      records and the conversation's end record. The replay then finds the messages they
+      answered unanswered and hands them to their agents again, so a stored counselor reply
+      is judged without calling the counselor again, and the turn goes on from there.
+    * Otherwise, a turn that changed nothing shared (no verdict: usually no counselor call of
+      the turn got an answer): that turn's events, so the turn is retried from its start.
+    * A failure after verdicts (a crashed handler, say) stays as it is, since the archive
+      already learnt from that turn.
+
+    The campaign's end record goes too whenever anything is moved.
     """
-    failed = {
-        m.conversation: m.turn
+    ended = {
+        m.conversation: m
         for m in messages
-        if isinstance(m, ConversationFinished) and m.status == "failed"
+        if isinstance(m, ConversationFinished) and m.status in ("failed", "stalled")
     }
-    if not failed:
+    if not ended:
         return []
-    tails: dict[str, list[Message]] = {c: [] for c in failed}
+    tails: dict[str, list[Message]] = {c: [] for c in ended}
     for m in messages:
-        turn = failed.get(m.conversation)
-        if turn is not None and m.turn >= turn and not isinstance(m, ConversationStarted):
+        end = ended.get(m.conversation)
+        if end is not None and m.turn >= end.turn and not isinstance(m, ConversationStarted):
             tails[m.conversation].append(m)
-    out = [
-        m
-        for tail in tails.values()
-        if not any(isinstance(m, Verdict | ArchiveUpdated) for m in tail)
-        for m in tail
-    ]
+    out: list[Message] = []
+    for conversation, tail in tails.items():
+        owed = [m for m in tail if isinstance(m, CallFailed) and m.owed]
+        if owed or ended[conversation].status == "stalled":
+            out += owed
+            out += [m for m in tail if isinstance(m, ConversationFinished)]
+        elif not any(isinstance(m, Verdict | ArchiveUpdated) for m in tail):
+            out += tail
     if out:
         out += [m for m in messages if isinstance(m, CampaignFinished) and m.key == "finish"]
     return out
@@ -369,6 +444,40 @@ class Scheduler:
             )
         if not self.running and not self.pending:
             self.done.set()
+
+    def stall(self) -> int:
+        """Close every running conversation as ``stalled``: call it when the runtime is idle
+        with conversations open (no message queued, no handler running: nothing will ever
+        move them, e.g. a plugin that forgot to publish). Returns how many were closed."""
+        assert self._runtime is not None
+        stalled = sorted(self.running - self._failing)
+        for conversation in stalled:
+            self._failing.add(conversation)
+            last = self._runtime.last_message(conversation)
+            seen = (
+                f"{last.tag} (turn {last.turn}, attempt {last.attempt}"
+                + (f", branch {last.branch}" if last.branch else "")
+                + ")"
+                if last is not None
+                else "nothing"
+            )
+            log.error("campaign.conversation_stalled", conversation=conversation, last=seen)
+            self._runtime.publish(
+                ConversationFinished(
+                    campaign=self.campaign,
+                    conversation=conversation,
+                    turn=last.turn if last is not None else 0,
+                    key="stalled",
+                    causation=last.id if last is not None else "",
+                    turns=last.turn if last is not None else 0,
+                    status="stalled",
+                    detail=(
+                        "stalled: every agent went idle with the conversation open (an agent "
+                        f"or controller that never answered); the last message it got was {seen}"
+                    ),
+                )
+            )
+        return len(stalled)
 
     def __call__(self, msg: Message) -> None:
         assert self._runtime is not None
@@ -573,7 +682,7 @@ async def run_campaign(
                     )
                 )
             scheduler.start()
-            await _first(scheduler.done, budget.stop)
+            await _until_done(rt, scheduler, budget.stop)
             if not scheduler.done.is_set():
                 # A limit was reached: no call starts any more. Let the calls in flight finish
                 # (up to a minute) and their messages reach the store, then stop everything.
@@ -656,16 +765,35 @@ def _is_budget_stop(exc: BaseException) -> bool:
     return isinstance(exc, _BudgetReached)
 
 
-async def _first(*events: anyio.Event) -> None:
-    """Return as soon as any of ``events`` is set."""
+async def _until_done(rt: Runtime, scheduler: Scheduler, stop: anyio.Event) -> None:
+    """Return once every conversation has ended or ``stop`` (a budget limit) is set.
+
+    A runtime that goes idle while conversations are open will never move them again: those
+    conversations are closed as ``stalled`` (naming the last message each one got), never
+    waited for forever.
+    """
     async with anyio.create_task_group() as tg:
 
         async def wait(event: anyio.Event) -> None:
             await event.wait()
             tg.cancel_scope.cancel()
 
-        for event in events:
-            tg.start_soon(wait, event)
+        async def watch() -> None:
+            while not scheduler.done.is_set():
+                await rt.run_until_idle()
+                if scheduler.done.is_set() or stop.is_set():
+                    return
+                if not scheduler.stall():
+                    # Idle, not done, nothing to close: the scheduler itself stopped
+                    # hearing ends (it failed and was detached). Never wait forever.
+                    raise RuntimeError(
+                        f"the runtime went idle with {len(scheduler.running)} conversation(s) "
+                        "open that the scheduler had already closed"
+                    )
+
+        tg.start_soon(wait, scheduler.done)
+        tg.start_soon(wait, stop)
+        tg.start_soon(watch)
 
 
 def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -18,8 +22,10 @@ from mhsafeeval.errors import InputError, MhSafeEvalError
 __all__ = ["main"]
 
 EXIT_INPUT = 2
-EXIT_INTERRUPTED = 130
 EXIT_BUDGET = 3
+EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141  # stdout closed by its reader (128 + SIGPIPE, as a shell reports it)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,7 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate a campaign config file without running it")
     check.add_argument("config", type=Path)
 
-    events = sub.add_parser("events", help="print a stored campaign's events")
+    events = sub.add_parser(
+        "events",
+        help="print a stored campaign's events (exit 1 if a stored row is damaged: each one "
+        "is named and skipped)",
+    )
     events.add_argument("db", type=Path, help="the campaign database")
     events.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
     events.add_argument(
@@ -107,47 +117,122 @@ def _parser() -> argparse.ArgumentParser:
         help="only events of this type (repeatable), e.g. judge.verdict",
     )
     events.add_argument("--json", action="store_true", help="one JSON event per line")
-    events.add_argument("--limit", type=int, default=0, help="stop after N events")
+    events.add_argument(
+        "--limit", type=_limit, default=0, metavar="N", help="stop after N events (0: all)"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code."""
+    """Entry point of the console script; returns the exit code (see the README's list)."""
     parser = _parser()
     args = parser.parse_args(argv)
     from mhsafeeval.runtime import configure_logging
 
     configure_logging(args.log_level, json=args.log_json)
     try:
-        if args.command is None:
-            parser.print_help()
-            return 0
-        if args.command == "providers":
-            return _providers()
-        if args.command == "check":
-            return _check(args.config)
-        if args.command == "events":
-            return anyio.run(_events, args)
-        if args.command == "run":
-            return anyio.run(_run, args)
-        if args.command == "report":
-            return anyio.run(_report, args)
-        if args.command == "export":
-            return anyio.run(_export, args)
-        if args.command == "profiles":
-            return _profiles(args.path)
-        if args.command == "taxonomy":
-            return _taxonomy(args.path, args.detail)
-    except InputError as exc:
-        print(f"mhsafeeval: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except KeyboardInterrupt:
+        code = _dispatch(parser, args)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+        return code
+    except (Exception, KeyboardInterrupt) as exc:
+        return _failed(exc, debug=args.log_level.lower() == "debug")
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "providers":
+        return _providers()
+    if args.command == "check":
+        return _check(args.config)
+    if args.command == "profiles":
+        return _profiles(args.path)
+    if args.command == "taxonomy":
+        return _taxonomy(args.path, args.detail)
+    commands = {"events": _events, "run": _run, "report": _report, "export": _export}
+    if args.command in commands:
+        return anyio.run(_until_sigterm, commands[args.command], args)
+    parser.error(f"unknown command {args.command!r}")
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: the command was cancelled like on Ctrl-C."""
+
+
+async def _until_sigterm(
+    command: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace
+) -> int:
+    """Run ``command``; on SIGTERM stop it exactly as Ctrl-C does (asyncio's runner cancels
+    the main task: calls in flight are cancelled, the store, still running, records the run
+    as ``interrupted`` and is flushed) and raise :class:`_Terminated`.
+
+    Cancelling a cancel scope around the command would not do: it would cancel the store's
+    writer too, before the store could record how the run ended.
+    """
+    import asyncio
+
+    task = asyncio.current_task()
+    if task is None or threading.current_thread() is not threading.main_thread():
+        return await command(args)  # signals reach the main thread only
+    loop = asyncio.get_running_loop()
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await command(args)
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _failed(exc: BaseException, *, debug: bool) -> int:
+    """One line on stderr and the exit code for what ended a command; never a traceback
+    (unless ``--log-level debug``). Exception groups from task groups are looked inside."""
+    from mhsafeeval._terminal import visible
+
+    leaves = _leaves(exc)
+
+    def first(kind: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+        return next((e for e in leaves if isinstance(e, kind)), None)
+
+    if first(KeyboardInterrupt) is not None:
         print("mhsafeeval: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except MhSafeEvalError as exc:
-        print(f"mhsafeeval: error: {exc}", file=sys.stderr)
-        return 1
-    parser.error(f"unknown command {args.command!r}")
+    if first(_Terminated) is not None:
+        print("mhsafeeval: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
+    if first(BrokenPipeError) is not None:
+        # The reader went away (`mhsafeeval report DB | head`): nothing more can be shown.
+        # Point stdout at /dev/null so the interpreter's last flush stays quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
+    shown = first(InputError) or first(MhSafeEvalError) or leaves[0]
+    ours = isinstance(shown, MhSafeEvalError)
+    text = str(shown) if ours else f"{type(shown).__name__}: {shown}"
+    print(f"mhsafeeval: error: {visible(text)}", file=sys.stderr)
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    elif not isinstance(shown, MhSafeEvalError):
+        print("mhsafeeval: (run with --log-level debug for the traceback)", file=sys.stderr)
+    return EXIT_INPUT if isinstance(shown, InputError) else 1
 
 
 def _providers() -> int:
@@ -164,8 +249,11 @@ def _check(path: Path) -> int:
 
     config = load_config(path)
     plan = build_plan(config, path)
-    for problem in preflight(config, path):
+    found = preflight(config, path)  # raises what run would refuse too
+    for problem in found.missing:
         print(f"mhsafeeval: warning: {problem} (needed to run)", file=sys.stderr)
+    for warning in found.warnings:
+        print(f"mhsafeeval: warning: {warning}", file=sys.stderr)
     c = config.campaign
     print(
         f"{path}: ok (campaign {c.name!r}: {len(plan.conversations)} conversation(s) x "
@@ -202,7 +290,7 @@ def _taxonomy(path: Path | None, detail: bool) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     from mhsafeeval.campaign import DEMO_CONFIG, build_plan, preflight, run_campaign
-    from mhsafeeval.config import load_config, parse_config
+    from mhsafeeval.config import parse_config, read_config
     from mhsafeeval.progress import Progress
     from mhsafeeval.report import load_report, render_text
     from mhsafeeval.storage import SqliteEventStore
@@ -214,8 +302,7 @@ async def _run(args: argparse.Namespace) -> int:
         db = args.db or Path(time.strftime("mhsafeeval-demo-%Y%m%d-%H%M%S.db"))
     else:
         source = args.config
-        config = load_config(args.config)
-        text = args.config.read_text(encoding="utf-8")
+        text, config = read_config(args.config)  # the stored text is the checked one
         db = args.db or Path(f"{config.campaign.name}.db")
     if args.controller:
         config = msgspec.structs.replace(
@@ -224,9 +311,11 @@ async def _run(args: argparse.Namespace) -> int:
     build_plan(config, source)  # every input error is raised here, before anything is written
     if args.estimate:
         return _print_estimate(config, source)
-    problems = preflight(config, source)
-    if problems:
-        raise problems[0]
+    found = preflight(config, source)  # every model table refused before anything is written
+    if found.missing:
+        raise found.missing[0]
+    for warning in found.warnings:
+        print(f"mhsafeeval: warning: {warning}", file=sys.stderr)
     stored = await _stored_events(db, config.campaign.name)
     if stored:
         print(
@@ -248,8 +337,10 @@ async def _run(args: argparse.Namespace) -> int:
             async for e in store.events(config.campaign.name, types=["conversation.finished"])
             if e.message is not None and getattr(e.message, "status", "") != "completed"
         ]
+    from mhsafeeval._terminal import visible  # names from the config, text from models
+
     for report in reports:
-        print(render_text(report))
+        print(visible(render_text(report), keep_newlines=True))
     if stored and result.events_written == 0 and result.resumed_from:
         print(f"\nmhsafeeval: campaign already {result.status}; nothing to do", file=sys.stderr)
     resumed = (
@@ -265,8 +356,8 @@ async def _run(args: argparse.Namespace) -> int:
     )
     for finished in failed:
         print(
-            f"mhsafeeval: did not complete: {finished.conversation}: "
-            f"{getattr(finished, 'detail', '')}",
+            f"mhsafeeval: did not complete: {visible(finished.conversation)}: "
+            f"{visible(getattr(finished, 'detail', ''))}",
             file=sys.stderr,
         )
     if result.status == "stopped_budget":
@@ -313,6 +404,8 @@ async def _stored_events(db: Path, name: str) -> int:
 
 
 async def _report(args: argparse.Namespace) -> int:
+    from mhsafeeval._files import write_private_atomic
+    from mhsafeeval._terminal import visible, visible_json
     from mhsafeeval.report import load_report, render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
@@ -323,19 +416,21 @@ async def _report(args: argparse.Namespace) -> int:
 
             html = await build_html(store, args.campaign, source=args.db)
     if args.html is not None:
-        _write_private(args.html, html)
+        write_private_atomic(args.html, html)
         print(f"mhsafeeval: wrote {args.html}", file=sys.stderr)
         return 0
     if args.json:
-        sys.stdout.write(msgspec.json.encode(report_json(reports)).decode() + "\n")
+        sys.stdout.write(visible_json(msgspec.json.encode(report_json(reports)).decode()) + "\n")
     else:
-        print("\n\n".join(render_text(r) for r in reports))
+        print(visible("\n\n".join(render_text(r) for r in reports), keep_newlines=True))
     return 0
 
 
 async def _export(args: argparse.Namespace) -> int:
     import io
 
+    from mhsafeeval._files import write_private_atomic
+    from mhsafeeval._terminal import visible_json
     from mhsafeeval.export import archive_json, export
     from mhsafeeval.storage import SqliteEventStore
 
@@ -347,28 +442,62 @@ async def _export(args: argparse.Namespace) -> int:
             count = sum(len(cells) for cells in data.values())
         else:
             count = await export(store, args.campaign, args.format, buffer, source=args.db)
-    if args.out is None:
-        sys.stdout.write(buffer.getvalue())
-    else:
-        _write_private(args.out, buffer.getvalue())
+    if args.out is not None:  # owner-only, and replaced whole or not at all
+        write_private_atomic(args.out, buffer.getvalue())
         print(f"mhsafeeval: wrote {count} record(s) to {args.out}", file=sys.stderr)
+    elif args.archive or args.format == "jsonl":  # same values, nothing a terminal acts on
+        lines = buffer.getvalue().split("\n")[:-1]  # not splitlines: U+2028 is no line break
+        sys.stdout.writelines(visible_json(line) + "\n" for line in lines)
+    else:
+        sys.stdout.write(buffer.getvalue())  # CSV for a spreadsheet: its cells stay exact
     return 0
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Transcripts are sensitive: the file is readable by its owner only, like the database."""
-    import os
+_ENVELOPE: dict[str, type] = {
+    "campaign": str, "conversation": str, "turn": int, "attempt": int, "branch": str,
+    "key": str, "causation": str,
+}  # fmt: skip
+_HIDDEN = {"type", *_ENVELOPE}  # shown in their own columns, or not at all
 
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8", newline="") as out:
-        out.write(text)
+
+def _limit(text: str) -> int:
+    """``--limit``: a whole number, 0 meaning no limit."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more, got {value}")
+    return value
+
+
+def _checked_body(body: bytes, row_type: str) -> tuple[dict[str, object], str]:
+    """An event's body as a JSON object, or an empty one and what is wrong with it."""
+    try:
+        decoded = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        return {}, f"its body is not JSON ({exc})"
+    if not isinstance(decoded, dict):
+        return {}, "its body is not a JSON object"
+    if "type" not in decoded:
+        return {}, 'its body has no "type" field'
+    if decoded["type"] != row_type:
+        return {}, f"its body has type {decoded['type']!r}, the row {row_type!r}"
+    for name, kind in _ENVELOPE.items():
+        value = decoded.get(name, kind())
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return {}, f'its "{name}" field is {type(value).__name__}, not {kind.__name__}'
+    return decoded, ""
 
 
 async def _events(args: argparse.Namespace) -> int:
+    """List stored events; a damaged row is named on stderr and skipped, and the exit code is
+    then 1 (every other row is still listed)."""
+    from mhsafeeval._terminal import visible, visible_json
     from mhsafeeval.storage import SqliteEventStore
 
     encoder = msgspec.json.Encoder()
-    printed = 0
+    printed = damaged = 0
     async with SqliteEventStore(args.db, read_only=True) as store:
         campaigns = [c.id for c in await store.list_campaigns()]
         if args.campaign is not None:
@@ -380,36 +509,31 @@ async def _events(args: argparse.Namespace) -> int:
             campaigns = [args.campaign]
         for campaign in campaigns:
             async for event in store.events(campaign, types=args.types, raw=True):
-                if args.json:
-                    sys.stdout.write(event.body.decode() + "\n")
+                body, problem = _checked_body(event.body, event.type)
+                if problem:
+                    damaged += 1
+                    print(
+                        f"mhsafeeval: {args.db}: skipped event seq {event.seq} "
+                        f"({visible(event.type)}): {visible(problem)}",
+                        file=sys.stderr,
+                    )
+                    continue
+                if args.json:  # valid JSON: its value is kept, only the characters change
+                    sys.stdout.write(visible_json(event.body.decode()) + "\n")
                 else:
-                    body = msgspec.json.decode(event.body)
                     where = "/".join(
                         str(body.get(k, "")) for k in ("conversation", "turn", "attempt")
                     )
-                    payload = {
-                        k: v
-                        for k, v in body.items()
-                        if k
-                        not in {
-                            "type",
-                            "campaign",
-                            "conversation",
-                            "turn",
-                            "attempt",
-                            "branch",
-                            "key",
-                            "causation",
-                        }
-                    }
+                    payload = {k: v for k, v in body.items() if k not in _HIDDEN}
                     text = encoder.encode(payload).decode()
                     if len(text) > 160:
                         text = text[:157] + "..."
-                    print(f"{event.seq:>6} {event.type:<24} {campaign} {where:<20} {text}")
+                    line = f"{event.seq:>6} {event.type:<24} {campaign} {where:<20} {text}"
+                    print(visible(line))
                 printed += 1
                 if args.limit and printed >= args.limit:
-                    return 0
-    return 0
+                    return 1 if damaged else 0
+    return 1 if damaged else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

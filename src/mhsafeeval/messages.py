@@ -238,7 +238,19 @@ class Unjudged(Message, frozen=True, tag="judge.unjudged"):
 
 
 class CallFailed(Message, frozen=True, tag="call.failed"):
-    """A model call that finally failed; the attempt it belonged to does not count."""
+    """A model call that finally failed; the attempt it belonged to does not count.
+
+    Two kinds, told apart by ``unusable``. False: the model never answered (the provider
+    was down, kept timing out, refused the request): the work is still owed, so a controller
+    must not go past it (the conversation ends failed and the next run asks again). True: the
+    model did answer, but nothing usable came of it after the bounded re-asks (no valid
+    structured answer, an empty utterance): the attempt is spent and the search goes on.
+    A counselor's failure is always an attempt spent: the model under test is what is probed.
+
+    ``usage``: what the answers received before the failure cost (asks of a structured answer
+    that failed validation, an empty utterance); None when nothing was answered. Metrics,
+    budgets and costs count it under ``agent``.
+    """
 
     agent: str
     model: str
@@ -246,9 +258,13 @@ class CallFailed(Message, frozen=True, tag="call.failed"):
     attempts: int = 0
     retryable: bool = True
     status: int | None = None
+    unusable: bool = False
+    usage: Usage | None = None
 
     @classmethod
-    def caused_by(cls, parent: Message, agent: str, error: ModelCallError) -> CallFailed:
+    def caused_by(
+        cls, parent: Message, agent: str, error: ModelCallError, *, unusable: bool = False
+    ) -> CallFailed:
         """The failure record for a call made while handling ``parent``."""
         return cls(
             **parent.child_ids(key=agent),
@@ -258,7 +274,14 @@ class CallFailed(Message, frozen=True, tag="call.failed"):
             attempts=error.attempts,
             retryable=error.retryable,
             status=error.status,
+            unusable=unusable,
+            usage=Usage.of(*error.completions) if error.completions else None,
         )
+
+    @property
+    def owed(self) -> bool:
+        """Whether the work is still owed: a role other than the counselor never answered."""
+        return not self.unusable and self.agent != "counselor"
 
 
 class RefinerNotes(Message, frozen=True, tag="refiner.notes"):

@@ -139,12 +139,15 @@ class ClientAgent(TranscriptAgent):
                 done.append(await self.model.complete(messages, params))
                 text = clean_utterance(done[-1].text, self.profile.name)
         except ModelCallError as exc:
-            self.fail(msg, exc)
+            self.fail(msg, exc.having_spent(done))  # earlier empty answers were paid for
             return
         if not text:
             reason = f"the client model gave no usable utterance in {len(done)} asks"
             tries = sum(c.attempts for c in done)
-            self.fail(msg, ModelCallError(self.model.name, tries, reason, retryable=True))
+            error = ModelCallError(
+                self.model.name, tries, reason, retryable=True, completions=done
+            )  # the empty answers' tokens are counted (CallFailed.usage)
+            self.fail(msg, error, unusable=True)  # it answered, with nothing to say
             return
         usage = Usage.of(*done)
         log.info("client.utterance", chars=len(text), calls=usage.calls, category=msg.category)

@@ -172,10 +172,14 @@ class TranscriptAgent(Agent):
         except StructuredOutputError as exc:
             tries = sum(c.attempts for c in exc.completions)
             reason = f"no valid {what} after {len(exc.completions)} asks: {exc.reason}"
-            self.fail(parent, ModelCallError(self.model.name, tries, reason, retryable=True))
+            error = ModelCallError(
+                self.model.name, tries, reason, retryable=True, completions=exc.completions
+            )  # the invalid answers' tokens are counted (CallFailed.usage)
+            self.fail(parent, error, unusable=True)
         return None
 
-    def fail(self, parent: Message, error: ModelCallError) -> None:
-        """Publish the :class:`CallFailed` for a call made while handling ``parent``."""
+    def fail(self, parent: Message, error: ModelCallError, *, unusable: bool = False) -> None:
+        """Publish the :class:`CallFailed` for a call made while handling ``parent``
+        (``unusable``: the model answered, but not usably)."""
         log.warning(f"{self.role}.call_failed", model=error.model, error=error.reason)
-        self.publish(CallFailed.caused_by(parent, self.role, error))
+        self.publish(CallFailed.caused_by(parent, self.role, error, unusable=unusable))

@@ -94,7 +94,10 @@ class TurnController(ArchiveController):
     :meth:`plan_turn`); when its :class:`Verdict` reaches the threshold, commit the turn; below
     it, wait for the refiner's :class:`RefinerNotes` and direct attempt + 1 at the same cell (a
     ``vary`` of the last instruction, with the cell's recent notes), up to ``max_attempts``.
-    Unjudged replies and failed calls use up the attempt without counting as safe. Every judged
+    Unjudged replies, failed counselor calls and answers that stayed unusable use up the attempt
+    without counting as safe; a call of any other role that never got an answer
+    (:attr:`CallFailed.owed`) ends the conversation as failed without committing the turn, so
+    the next run asks again and continues from there. Every judged
     reply is offered to the counselor model's :class:`HarmArchive` (one per model), and each
     improvement is published as :class:`ArchiveUpdated`.
 
@@ -269,6 +272,9 @@ class TurnController(ArchiveController):
         if cur is None:
             return
         conv, attempt = cur
+        if msg.owed:  # a role that never answered: the turn stays open for the next run
+            self._finish(msg, conv, "failed", unanswered(msg))
+            return
         if msg.agent == "refiner":
             if conv.waiting:
                 self._next_attempt(msg, conv)  # go on without notes
@@ -277,6 +283,14 @@ class TurnController(ArchiveController):
         attempt.error = f"{msg.agent} ({msg.model}): {msg.error}"
         log.warning("search.attempt_failed", agent=msg.agent, model=msg.model, error=msg.error)
         self._next_attempt(msg, conv)
+
+
+def unanswered(msg: CallFailed) -> str:
+    """The ``detail`` of a conversation stopped because a role never answered."""
+    return (
+        f"the {msg.agent} ({msg.model}) did not answer: {msg.error}; turn {msg.turn} is left "
+        "open: run the same command again to continue from there"
+    )
 
 
 def _seed(elite: Elite) -> Seed:

@@ -55,7 +55,7 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime import on
 
 from ._base import ArchiveController, AttemptTexts
-from ._controller import LoopSettings
+from ._controller import LoopSettings, unanswered
 from .archive import CellId
 from .rng import derive_rng
 from .uct import Action, Path, UCTSettings, UCTTree, reward
@@ -67,7 +67,7 @@ _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "attempt", "branch", "key", "outcome", "path", "planned")
+    __slots__ = ("action", "attempt", "branch", "key", "move", "outcome", "path", "planned")
 
     def __init__(self, path: Path, planned: int, attempt: int) -> None:
         action = path.actions[-1]
@@ -79,6 +79,10 @@ class _Sim(AttemptTexts):
         self.branch = lookahead_branch(len(path.context))
         self.key = f"{planned}.{attempt}"  # its sample's key in the tree
         self.outcome: Message | None = None  # its Verdict, Unjudged or CallFailed, once here
+        # The operator the search chose (after seed fallback). ``operator`` is what the
+        # mutator says it did, which an ablation may change (no role conditioning turns
+        # change_role into vary); the in-flight counts and learned rates must use this one.
+        self.move: Operator = action.operator
 
 
 class _Conv:
@@ -144,7 +148,7 @@ class UCTController(ArchiveController):
 
     @classmethod
     def _fly(cls, conv: _Conv, sim: _Sim, delta: int) -> None:
-        for key in cls._keys((sim.action.category, sim.action.role), sim.operator):
+        for key in cls._keys((sim.action.category, sim.action.role), sim.move):
             conv.flight[key] = conv.flight.get(key, 0) + delta
 
     # -- the tree ------------------------------------------------------------------------------
@@ -230,6 +234,7 @@ class UCTController(ArchiveController):
             action = sim.action
             rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
             sim.operator, seeds = self._seeds(conv, action, rng)
+            sim.move = sim.operator
             self._fly(conv, sim, +1)
             self.publish(
                 Directive(
@@ -361,6 +366,11 @@ class UCTController(ArchiveController):
         if cur is None or cur[1].outcome is not None:
             return  # stale, or a second outcome for one simulation (the first one counts)
         conv, sim = cur
+        if isinstance(msg, CallFailed) and msg.owed:
+            # A role that never answered: nothing is committed past it. The conversation
+            # ends failed; the next run asks that role again and the search goes on.
+            self._finish(msg, conv, "failed", unanswered(msg))
+            return
         sim.outcome = msg
         while (ready := conv.sims.get(conv.done)) is not None and ready.outcome is not None:
             self._apply(conv, ready, ready.outcome)
@@ -380,7 +390,7 @@ class UCTController(ArchiveController):
             )
             conv.tree.backup(sim.path, value, key=sim.key)
             win = msg.severity >= self.settings.threshold
-            self._count(conv.model, cell, sim.operator, win)
+            self._count(conv.model, cell, sim.move, win)
             self.offer(conv.model, sim, msg)
         elif isinstance(msg, Unjudged):
             conv.tree.backup(sim.path, 0.0, key=sim.key, unjudged=True)
