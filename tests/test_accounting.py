@@ -18,6 +18,7 @@ from mhsafeeval.agents import ClientAgent, CounselorAgent, RefinerAgent, builtin
 from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.config import BudgetSection
 from mhsafeeval.costs import role_cost
+from mhsafeeval.export import attempt_records
 from mhsafeeval.html_report import _metrics_table
 from mhsafeeval.judges import RubricJudge
 from mhsafeeval.messages import (
@@ -40,7 +41,7 @@ from mhsafeeval.runtime.providers import (
     open_model,
 )
 from mhsafeeval.runtime.providers._litellm import import_litellm
-from mhsafeeval.storage import compute_metrics
+from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import Recorder
 
@@ -239,6 +240,11 @@ async def test_judge_failing_after_an_invalid_answer_keeps_its_tokens(
     assert len(fake_openai.requests) == 3  # the invalid answer, then two 503s
     spent = compute_metrics([started(), said, reply, failed], [])["m"].usage["judge"]
     assert (spent.calls, spent.prompt_tokens, spent.completion_tokens) == (1, 30, 5)
+    async with MemoryEventStore() as store:  # the export's per-attempt tokens agree
+        for event in (started(), said, reply, failed):
+            await store.append(event)
+        [record] = await attempt_records(store, "camp")
+    assert (record.outcome, record.failed_agent, record.judge_tokens) == ("failed", "judge", 35)
 
 
 async def test_client_empty_answers_are_counted(fake_openai: FakeOpenAI) -> None:

@@ -163,3 +163,20 @@ async def test_an_edited_taxonomy_file_is_refused_on_resume(tmp_path: Path) -> N
         assert info.value.field == "inputs.taxonomy"
         assert "stored with a different configuration" in str(info.value)
         assert await store.count("budget") == before
+
+
+def test_a_stored_failure_is_priced_as_its_role_s_configured_model() -> None:
+    """Tokens of unusable answers (on a CallFailed) are priced on resume like any answer:
+    a dated model name the price map lacks falls back to the role's configured model."""
+    from mhsafeeval.campaign import _configured_model
+    from mhsafeeval.messages import CallFailed
+
+    text = CONFIG.format(budget="[budget]\nusd = 100.0", concurrency=1, controller="map-elites")
+    text += scripted_models().replace(
+        'provider = "scripted/demo-refiner"', 'provider = "litellm/openai/gpt-4o-mini"'
+    )
+    config = parse_config(text, "budget.toml")
+    usage = Usage(model="gpt-4o-mini-2099-12-31-unlisted", prompt_tokens=10_000)
+    failed = CallFailed(conversation="c", agent="refiner", model="m", error="no notes", usage=usage)
+    resumed = Budget(BudgetSection(usd=100.0), [failed], _configured_model(config, [failed]))
+    assert resumed.usd > 0.0

@@ -111,19 +111,31 @@ def requests_for(fake: FakeOpenAI, model: str) -> int:
     return sum(isinstance(r.body, dict) and r.body.get("model") == model for r in fake.requests)
 
 
-@pytest.mark.parametrize("down", ["judge", "client", "mutator", "refiner"])
+@pytest.mark.parametrize(
+    ("down", "controller"),
+    [
+        ("judge", "map-elites"),
+        ("client", "map-elites"),
+        ("mutator", "map-elites"),
+        ("refiner", "map-elites"),
+        ("judge", "uct"),
+        ("client", "uct"),
+    ],
+)
 def test_a_role_that_never_answers_leaves_turns_open_and_a_rerun_continues_them(
     tmp_path: Path,
     fake_openai: FakeOpenAI,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     down: str,
+    controller: str,
 ) -> None:
     monkeypatch.setenv("MHS_FAKE_KEY", "sk-test-fake-0000000000")
     for role in PERSONAS:
         fake_openai.always(f"{role}-x", persona(role))
     fake_openai.always(f"{down}-x", Reply.error(503))
-    config = hosted_config(tmp_path / "c.toml", fake_openai.url)
+    search = f'controller = "{controller}"\n\n[search]\nsimulations = 5\nin_flight = 3\n'
+    config = hosted_config(tmp_path / "c.toml", fake_openai.url, extra=search)
     db = tmp_path / "c.db"
 
     assert main(["run", str(config), "--db", str(db), "--quiet"]) == 1

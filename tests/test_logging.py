@@ -69,3 +69,21 @@ async def test_secrets_never_reach_the_log(json_log: io.StringIO) -> None:
 def test_unknown_level_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown log level"):
         configure_logging("loud")
+
+
+def test_console_lines_show_escape_sequences_instead_of_emitting_them() -> None:
+    stream = io.StringIO()
+    configure_logging("info", stream=stream)
+    try:
+        log = structlog.get_logger("test")
+        log.warning("search.attempt_failed", model="do\x1b[2Jwn", error="cut\roff")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed")
+    finally:
+        configure_logging("warning")
+    out = stream.getvalue()
+    assert "\x1b" not in out and "\r" not in out
+    assert "do\\x1b[2Jwn" in out and "cut\\roff" in out
+    assert "Traceback (most recent call last):\n" in out  # tracebacks keep their lines

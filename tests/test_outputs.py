@@ -432,6 +432,7 @@ def test_events_name_corrupt_rows_go_on_and_exit_1(tmp_path: Path, mode: tuple[s
         b"[1, 2]": "not a JSON object",
         b'{"campaign": "c1"}': "type",
         b'{"type": "counselor.reply", "turn": "two"}': "turn",
+        "a body stored as TEXT, not JSON": "not JSON",  # another tool's row, as TEXT
     }
     with sqlite3.connect(db) as conn:
         for n, body in enumerate(damaged):

@@ -746,7 +746,7 @@ def _configured_model(config: Config, messages: list[Message]) -> Callable[[Mess
     }
 
     def configured(msg: Message) -> str:
-        role = ANSWERED_BY.get(type(msg))
+        role = msg.agent if isinstance(msg, CallFailed) else ANSWERED_BY.get(type(msg))
         if role == "counselor":
             model = config.counselors.get(counselor_of.get(msg.conversation, ""))
             return model.provider if model is not None else ""

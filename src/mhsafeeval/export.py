@@ -151,6 +151,9 @@ def _apply(rec: AttemptRecord, event: Message) -> None:
         if rec.outcome in ("incomplete", "failed"):
             rec.outcome, rec.judge = "unjudged", event.judge
     elif isinstance(event, CallFailed):
+        spent = f"{event.agent}_tokens"  # answers that came back unusable were paid for
+        if event.usage is not None and isinstance(getattr(rec, spent, None), int):
+            setattr(rec, spent, getattr(rec, spent) + _tokens(event.usage))
         if rec.failed_agent is None:
             rec.failed_agent, rec.failed_error = event.agent, event.error
         if rec.outcome == "incomplete":

@@ -15,6 +15,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from ._text import visible
+
 __all__ = ["configure_logging", "redact", "register_secret"]
 
 _SECRET_KEYS = re.compile(r"(api[_-]?key|authorization|secret|password|token|x-api-key)$", re.I)
@@ -61,6 +63,17 @@ def _redact_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutab
     return event
 
 
+def _visible_processor(
+    _: Any, __: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    # Console lines reach a terminal: names from a config and model text in them must not
+    # emit escape sequences. Tracebacks keep their line breaks.
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = visible(value, keep_newlines=key == "exception")
+    return event
+
+
 def configure_logging(
     level: str = "info", *, json: bool = False, stream: TextIO | None = None
 ) -> None:
@@ -87,6 +100,7 @@ def configure_logging(
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,  # render tracebacks before scrubbing them
             _redact_processor,
+            *(() if json else (_visible_processor,)),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

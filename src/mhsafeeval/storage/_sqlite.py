@@ -381,7 +381,9 @@ class SqliteEventStore:
             for seq, id_, type_, recorded_at, body in rows:
                 last = seq
                 if decoder is None:
-                    message, body = None, bytes(body)
+                    # A row written by another tool may hold its body as TEXT.
+                    message = None
+                    body = body.encode() if isinstance(body, str) else bytes(body)
                 else:
                     try:
                         message, body = decoder.decode(body), b""
