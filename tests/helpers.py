@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
+
+from mhsafeeval.messages import Message
 
 
 def cli(
@@ -22,3 +25,17 @@ def cli(
         env=None if env is None else dict(env),
         timeout=timeout,
     )
+
+
+def stored(db: Path) -> list[Message]:
+    """Every message of the one campaign a database holds, in stored order."""
+    import anyio
+
+    from mhsafeeval.storage import SqliteEventStore
+
+    async def read() -> list[Message]:
+        async with SqliteEventStore(db, read_only=True) as store:
+            [info] = await store.list_campaigns()
+            return [e.message async for e in store.events(info.id) if e.message is not None]
+
+    return anyio.run(read, backend="asyncio")

@@ -144,7 +144,12 @@ def test_profiles_and_taxonomy_commands(tmp_path: Path, capsys: pytest.CaptureFi
     assert str(tax) in capsys.readouterr().err
 
 
-def test_ctrl_c_stops_cleanly_with_exit_130_and_keeps_what_was_stored(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_keeps_what_was_stored(
+    tmp_path: Path, signal_name: str, code: int
+) -> None:
+    """Ctrl-C (exit 130) and SIGTERM (exit 143, what service managers and `kill` send) both
+    cancel the calls in flight, flush the store and record the run as interrupted."""
     import signal
 
     config = tmp_path / "long.toml"
@@ -174,9 +179,10 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_keeps_what_was_stored(tmp_path: 
     for line in proc.stderr:  # wait until turns are being committed, then interrupt
         if line.startswith("progress:") and " turns 0/" not in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signal_name))
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
     events = cli("events", str(db), "--type", "campaign.finished", "--json", check=True)
     [finished] = [json.loads(line) for line in events.stdout.splitlines()]
     assert finished["status"] == "interrupted"

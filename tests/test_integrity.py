@@ -8,8 +8,6 @@ be taken down and brought back.
 from __future__ import annotations
 
 import hashlib
-import json
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -21,7 +19,7 @@ import anyio
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
-from helpers import cli
+from helpers import cli, stored
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.cli import main
 from mhsafeeval.config import parse_config
@@ -96,15 +94,6 @@ profile_ids = ["grief-widower", "panic-disorder-bus-driver"]
         + tables
     )
     return path
-
-
-def stored(db: Path) -> list[Message]:
-    async def read() -> list[Message]:
-        async with SqliteEventStore(db, read_only=True) as store:
-            [info] = await store.list_campaigns()
-            return [e.message async for e in store.events(info.id) if e.message is not None]
-
-    return anyio.run(read, backend="asyncio")
 
 
 def requests_for(fake: FakeOpenAI, model: str) -> int:
@@ -325,43 +314,6 @@ async def test_every_controller_runs_with_every_ablation(controller: str, ablati
 
 
 # --- signals and output errors --------------------------------------------------------------
-
-
-def test_sigterm_stops_cleanly_with_exit_143_and_keeps_what_was_stored(tmp_path: Path) -> None:
-    config = tmp_path / "long.toml"
-    config.write_text(
-        (ROOT / "examples" / "campaign.toml")
-        .read_text()
-        .replace("max_turns = 4", "max_turns = 1000")
-    )
-    db = tmp_path / "long.db"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mhsafeeval.cli",
-            "run",
-            str(config),
-            "--db",
-            str(db),
-            "--progress-every",
-            "0",
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:  # wait until turns are being committed, then terminate
-        if line.startswith("progress:") and " turns 0/" not in line:
-            break
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert "Traceback" not in err
-    events = cli("events", str(db), "--type", "campaign.finished", "--json", check=True)
-    [finished] = [json.loads(line) for line in events.stdout.splitlines()]
-    assert finished["status"] == "interrupted"
 
 
 def test_a_closed_stdout_is_not_a_traceback(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
-from helpers import cli
+from helpers import cli, stored
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.messages import (
@@ -132,15 +132,6 @@ def finish(config: Path, db: Path) -> str:
     done = cli("run", str(config), "--db", str(db), "--quiet", timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stderr
-
-
-def stored(db: Path) -> list[Message]:
-    async def read() -> list[Message]:
-        async with SqliteEventStore(db, read_only=True) as store:
-            [info] = await store.list_campaigns()
-            return [e.message async for e in store.events(info.id) if e.message is not None]
-
-    return anyio.run(read, backend="asyncio")
 
 
 def without_latency(value: Any) -> Any:
