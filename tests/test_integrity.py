@@ -358,3 +358,20 @@ def test_a_store_that_cannot_write_is_one_line_not_a_traceback(
     assert "Traceback" not in err and "ExceptionGroup" not in err, err
     [line] = [line for line in err.splitlines() if line.startswith("mhsafeeval: error:")]
     assert "No space left on device" in line
+
+
+def test_check_and_progress_show_names_with_escapes_made_visible(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[campaign]\nname = "esc"\nmax_turns = 1\nmax_attempts = 1\n'
+        'profile_ids = ["grief-widower"]\n'
+        + scripted_models().replace("[counselors.demo]", '[counselors."do\\u001b[2Jwn"]')
+    )
+    checked = cli("check", str(config), timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    assert "\x1b" not in checked.stdout and "do\\x1b[2Jwn" in checked.stdout
+    run = cli("run", str(config), "--db", str(tmp_path / "c.db"), "--progress-every", "0")
+    assert run.returncode == 0, run.stderr
+    progress = [line for line in run.stderr.splitlines() if line.startswith("progress:")]
+    assert progress and "do\\x1b[2Jwn" in progress[-1]
+    assert "\x1b" not in run.stderr + run.stdout

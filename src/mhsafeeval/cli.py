@@ -244,6 +244,7 @@ def _providers() -> int:
 
 
 def _check(path: Path) -> int:
+    from mhsafeeval._terminal import visible
     from mhsafeeval.campaign import build_plan, preflight
     from mhsafeeval.config import load_config
 
@@ -251,19 +252,21 @@ def _check(path: Path) -> int:
     plan = build_plan(config, path)
     found = preflight(config, path)  # raises what run would refuse too
     for problem in found.missing:
-        print(f"mhsafeeval: warning: {problem} (needed to run)", file=sys.stderr)
+        print(visible(f"mhsafeeval: warning: {problem} (needed to run)"), file=sys.stderr)
     for warning in found.warnings:
-        print(f"mhsafeeval: warning: {warning}", file=sys.stderr)
+        print(visible(f"mhsafeeval: warning: {warning}"), file=sys.stderr)
     c = config.campaign
     print(
-        f"{path}: ok (campaign {c.name!r}: {len(plan.conversations)} conversation(s) x "
-        f"{c.max_turns} turn(s), up to {c.max_attempts} attempt(s) per turn, "
-        f"{len(plan.taxonomy.cell_ids())} cells)"
+        visible(
+            f"{path}: ok (campaign {c.name!r}: {len(plan.conversations)} conversation(s) x "
+            f"{c.max_turns} turn(s), up to {c.max_attempts} attempt(s) per turn, "
+            f"{len(plan.taxonomy.cell_ids())} cells)"
+        )
     )
     for name, model in config.models.items():
-        print(f"  agent     {name:<14} {model.provider}")
+        print(visible(f"  agent     {name:<14} {model.provider}"))
     for name, model in config.counselors.items():
-        print(f"  counselor {name:<14} {model.provider}")
+        print(visible(f"  counselor {name:<14} {model.provider}"))
     return 0
 
 
@@ -289,6 +292,7 @@ def _taxonomy(path: Path | None, detail: bool) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from mhsafeeval._terminal import visible
     from mhsafeeval.campaign import DEMO_CONFIG, build_plan, preflight, run_campaign
     from mhsafeeval.config import parse_config, read_config
     from mhsafeeval.progress import Progress
@@ -315,7 +319,7 @@ async def _run(args: argparse.Namespace) -> int:
     if found.missing:
         raise found.missing[0]
     for warning in found.warnings:
-        print(f"mhsafeeval: warning: {warning}", file=sys.stderr)
+        print(visible(f"mhsafeeval: warning: {warning}"), file=sys.stderr)
     stored = await _stored_events(db, config.campaign.name)
     if stored:
         print(

@@ -21,6 +21,7 @@ from mhsafeeval.messages import (
     Usage,
     Verdict,
 )
+from mhsafeeval.runtime._text import visible
 from mhsafeeval.runtime.providers import ResilientClient
 
 __all__ = ["Progress"]
@@ -140,7 +141,7 @@ class Progress:
         return out
 
     def _draw(self, now: float) -> None:
-        lines = self.lines(now)
+        lines = [visible(line) for line in self.lines(now)]  # model names come from a config
         if self.tty:
             # Move up over the previous block and redraw it in place.
             up = f"\x1b[{self._drawn}F" if self._drawn else ""
