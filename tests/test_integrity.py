@@ -253,10 +253,22 @@ async def test_a_plugin_that_never_answers_stalls_its_conversations_never_the_ru
         with anyio.fail_after(60):  # today: waits forever
             result = await run_campaign(cfg, store)
         events = [e.message async for e in store.events("stall") if e.message is not None]
-    assert (result.status, result.finished, result.failed) == ("completed_with_failures", 3, 3)
-    ends = [m for m in events if isinstance(m, ConversationFinished)]
-    assert len(ends) == 3 and {m.status for m in ends} == {"stalled"}
-    assert all(f"the last message it got was {last}" in m.detail for m in ends), ends
+        assert (result.status, result.finished, result.failed) == (
+            "completed_with_failures",
+            3,
+            3,
+        )
+        ends = [m for m in events if isinstance(m, ConversationFinished)]
+        assert len(ends) == 3 and {m.status for m in ends} == {"stalled"}
+        assert all(f"the last message it got was {last}" in m.detail for m in ends), ends
+        # Run again: the stalled conversations are picked up where they stopped (their end
+        # records moved aside) and, the plugin being as silent as before, stall again.
+        with anyio.fail_after(60):
+            again = await run_campaign(cfg, store)
+        assert (again.finished, again.failed, again.resumed_from > 0) == (3, 3, True)
+        events = [e.message async for e in store.events("stall") if e.message is not None]
+        assert len([m for m in events if isinstance(m, ConversationFinished)]) == 3
+        assert await store.superseded("stall") >= 3
 
 
 # --- every controller with every ablation ---------------------------------------------------
