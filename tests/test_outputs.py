@@ -361,6 +361,53 @@ async def test_csv_cells_a_spreadsheet_would_evaluate_are_made_text() -> None:
     assert [json.loads(line)["reply"] for line in lines.getvalue().splitlines()] == texts
 
 
+def _formulas_in_libreoffice(csv_file: Path, tmp_path: Path) -> list[str]:
+    """Open ``csv_file`` in LibreOffice Calc (headless), save it as ODS, and return every
+    formula the spreadsheet made of its cells."""
+    import re
+    import zipfile
+
+    done = subprocess.run(
+        [
+            "soffice",
+            f"-env:UserInstallation=file://{tmp_path / 'lo-profile'}",
+            "--headless",
+            "--infilter=CSV:44,34,76,1",  # comma, double quote, UTF-8, from line 1
+            "--convert-to",
+            "ods",
+            "--outdir",
+            str(tmp_path),
+            str(csv_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    ods = tmp_path / f"{csv_file.stem}.ods"
+    assert ods.exists(), done.stdout + done.stderr
+    with zipfile.ZipFile(ods) as book:
+        content = book.read("content.xml").decode()
+    return re.findall(r'table:formula="([^"]*)"', content)
+
+
+@pytest.mark.skipif(
+    shutil.which("soffice") is None,
+    reason="LibreOffice is missing (apt-get install libreoffice-calc-nogui; .ci/run does)",
+)
+def test_a_real_spreadsheet_finds_no_formula_in_a_csv_export(tmp_path: Path) -> None:
+    """LibreOffice Calc opens the export: not one cell becomes a formula. The same texts
+    written raw do become formulas, so the check can fail."""
+    db = make_db(tmp_path / "c.db", turns(FORMULAS + PLAIN))
+    exported = tmp_path / "attempts.csv"
+    done = run_cli("export", str(db), "--format", "csv", "--out", str(exported))
+    assert done.returncode == 0, done.stderr
+    assert _formulas_in_libreoffice(exported, tmp_path) == []
+    raw = tmp_path / "raw.csv"
+    with raw.open("w", newline="", encoding="utf-8") as out:
+        csv.writer(out).writerows([["reply"], *([t] for t in FORMULAS)])
+    assert _formulas_in_libreoffice(raw, tmp_path)  # e.g. of:=HYPERLINK("http://x")
+
+
 # -- terminal text ---------------------------------------------------------------------------
 
 
