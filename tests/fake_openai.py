@@ -167,6 +167,7 @@ class FakeOpenAI:
         self._queue: collections.deque[Reply] = collections.deque()
         self._always: dict[str, Reply] = {}
         self._structured: Reply | None = None
+        self._rejected_kinds: tuple[str, ...] = ()
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -206,12 +207,15 @@ class FakeOpenAI:
             else:
                 self._always[model] = reply
 
-    def reject_response_format(self, reply: Reply | None) -> None:
-        """Answer every request that carries a ``response_format`` with ``reply`` (None: stop),
-        before :meth:`always` and the queue, as a server without structured output does
-        (llama.cpp's answers 500)."""
+    def reject_response_format(
+        self, reply: Reply | None, *, kinds: tuple[str, ...] = ("json_schema", "json_object")
+    ) -> None:
+        """Answer every request whose ``response_format`` type is one of ``kinds`` with
+        ``reply`` (None: stop), before :meth:`always` and the queue, as a server without that
+        structured output does (llama.cpp's answers 500 to ``json_schema`` only)."""
         with self._lock:
             self._structured = reply
+            self._rejected_kinds = kinds
 
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> None:
         """Block until ``count`` chat requests have arrived (from async code: run it in a
@@ -265,7 +269,9 @@ class FakeOpenAI:
             self._arrived.notify_all()
             model = request.body.get("model") if isinstance(request.body, dict) else None
             fixed = self._always.get(model) if isinstance(model, str) else None
-            structured = isinstance(request.body, dict) and "response_format" in request.body
+            body = request.body if isinstance(request.body, dict) else {}
+            kind = (body.get("response_format") or {}).get("type")
+            structured = kind is not None and kind in self._rejected_kinds
             if structured and self._structured is not None:
                 reply = self._structured
             elif fixed is not None:

@@ -173,9 +173,10 @@ async def test_rejected_response_format_falls_back_to_plain_json_at_once(
         assert model.supports_json_schema is False  # learnt, and told to callers
     assert first.value == second.value == Answer("fine")
     sent = ["response_format" in r.body for r in fake_openai.requests]
-    # The rejection (never retried), the same ask at once without the schema (a 503, retried
-    # as usual), then the next call goes without the schema from the start.
-    assert sent == [True, False, False, False]
+    # This server refuses every response_format: json_schema, then json_object, each rejected
+    # once (never retried), then the same ask at once without one (a 503, retried as usual);
+    # the next call goes without a response_format from the start.
+    assert sent == [True, True, False, False, False]
     assert len(sleeps.waits) == 1
     assert (first.completions[0].attempts, second.completions[0].attempts) == (2, 1)
 

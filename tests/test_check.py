@@ -94,6 +94,11 @@ LITELLM = COUNSELOR + 'provider = "litellm/openai/gpt-4o-mini"\n'
             "counselors.x.options.num_retries",
             "set by mhsafeeval",
         ),
+        (
+            LITELLM + 'options = { structured_output = "xml" }',
+            "counselors.x.options.structured_output",
+            "invalid enum value",
+        ),
     ],
 )
 def test_a_bad_model_table_is_refused_by_check_and_run(

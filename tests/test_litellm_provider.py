@@ -268,7 +268,9 @@ async def test_content_filter_is_an_answer(fake_openai: FakeOpenAI, sleeps: Reco
     [
         ("litellm/openai/gpt-4o-mini", {}, True),  # litellm's model map says it supports schemas
         ("litellm/openai/fake-model", {"supports_json_schema": True}, True),
-        ("litellm/openai/fake-model", {}, False),  # unknown to litellm: no response_format
+        ("litellm/openai/fake-model", {}, True),  # unknown to litellm: try, step down
+        ("litellm/openai/fake-model", {"supports_json_schema": False}, False),
+        ("litellm/openai/fake-model", {"structured_output": "prompt"}, False),
     ],
 )
 async def test_json_schema_becomes_response_format(
@@ -527,3 +529,51 @@ def test_strict_subset_drops_what_strict_modes_reject() -> None:
     text = json.dumps(strict_subset(VERDICT_SCHEMA))
     assert "maxLength" not in text and "maxItems" not in text
     assert strict_subset(VERDICT_SCHEMA)["required"] == VERDICT_SCHEMA["required"]
+
+
+LLAMA_CPP_REJECTION = (
+    'response_format type must be one of "text" or "json_object", but got: json_schema'
+)
+
+
+@pytest.mark.parametrize(
+    ("rejected", "modes"),
+    [
+        (("json_schema",), ["json_schema", "json_object", "json_object"]),  # llama.cpp's server
+        (("json_schema", "json_object"), ["json_schema", "json_object", None, None]),
+    ],
+    ids=["json_object-kept", "down-to-prompt"],
+)
+async def test_structured_output_steps_down_once_per_rejected_mode_and_remembers(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep, rejected: tuple[str, ...], modes: list[Any]
+) -> None:
+    fake_openai.reject_response_format(
+        Reply.error(500, message=LLAMA_CPP_REJECTION), kinds=rejected
+    )
+    fake_openai.default = Reply.chat('{"severity": 2}')
+    settings = fake_settings(fake_openai, provider="litellm/openai/fake-model")
+    params = CallParams(json_schema=SCHEMA, schema_name="verdict")
+    async with open_fake(settings, sleeps) as model:
+        first = await model.complete(HELLO, params)
+        second = await model.complete(HELLO, params)
+    assert first.text == second.text == '{"severity": 2}'
+    sent = [(r.body.get("response_format") or {}).get("type") for r in fake_openai.requests]
+    assert sent == modes  # each rejection once, never retried, remembered for the next call
+    assert sleeps.waits == []
+    json_object = [
+        r for r in fake_openai.requests if sent[fake_openai.requests.index(r)] == "json_object"
+    ]
+    for request in json_object:  # the schema is stated in the system prompt instead
+        [system] = [m for m in request.body["messages"] if m["role"] == "system"]
+        assert '"severity"' in system["content"] and "JSON schema" in system["content"]
+
+
+async def test_a_configured_structured_output_mode_is_where_it_starts(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep
+) -> None:
+    options = {"structured_output": "json_object"}
+    settings = fake_settings(fake_openai, provider="litellm/openai/gpt-4o-mini", options=options)
+    async with open_fake(settings, sleeps) as model:
+        await model.complete(HELLO, CallParams(json_schema=SCHEMA, schema_name="verdict"))
+    [request] = fake_openai.requests
+    assert request.body["response_format"] == {"type": "json_object"}

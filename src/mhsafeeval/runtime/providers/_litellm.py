@@ -26,10 +26,21 @@ A 4xx/5xx naming ``response_format``, ``json_schema``, ``schema`` or
 server answers 500 to a json_schema it cannot use)                     see below
 =====================================================================  =========
 
-A server that rejects ``response_format`` is not retried: the model stops sending it (its
-``supports_json_schema`` becomes False, logged once as ``provider.json_schema_rejected``) and
-the same call is sent again at once without it, as plain JSON prompting; the caller validates
-the answer's text either way (:func:`~mhsafeeval.runtime.providers.complete_structured`).
+Structured output (``options.structured_output``) has three modes, tried in this order:
+
+* ``json_schema``: ``response_format = {"type": "json_schema", ...}``, the server constrains
+  the answer to the schema (OpenAI, vLLM, recent Ollama);
+* ``json_object``: ``response_format = {"type": "json_object"}`` with the schema written into
+  the system prompt: the server constrains the answer to JSON (llama.cpp's server, which
+  answers HTTP 500 to ``json_schema``);
+* ``prompt``: no ``response_format``; the prompt describes the answer and decoding is strict.
+
+``auto`` (the default) starts at ``json_schema`` unless litellm's model map knows the model
+and says it has no schema support (then ``prompt``). A server that rejects the mode in use is
+never retried: the model steps down one mode (logged as ``provider.structured_output_mode``),
+remembers it for every later call, and sends the same call again at once. The caller
+validates the answer's text in every mode
+(:func:`~mhsafeeval.runtime.providers.complete_structured`).
 
 Transient errors carry the provider's wait (``retry-after-ms``, or ``Retry-After`` in seconds
 or as an HTTP date). No message built here contains the API key's value.
@@ -45,7 +56,7 @@ import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -117,7 +128,7 @@ def strict_subset(schema: Any) -> Any:
 
 
 # Options the adapter reads itself; the rest of ``settings.options`` goes to litellm.acompletion.
-OWN_OPTIONS = frozenset({"supports_json_schema", "extra_headers_env"})
+OWN_OPTIONS = frozenset({"supports_json_schema", "structured_output", "extra_headers_env"})
 # Besides the named parameters of litellm.acompletion (its documented signature), the
 # keyword arguments of litellm's own that an options table may pass. Anything else is refused
 # (a typo such as "temprature" would otherwise be sent, or silently dropped, on every call);
@@ -154,8 +165,12 @@ class LiteLLMOptions(msgspec.Struct, frozen=True, kw_only=True):
     must be a parameter of ``litellm.acompletion`` (or one of :data:`LITELLM_EXTRA_OPTIONS`)
     and is passed to it as it is."""
 
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
+    """The structured-output mode to start from (see the module docstring); a rejection
+    still steps down from it."""
     supports_json_schema: bool | None = None
-    """Force structured output on (a vLLM server, a model litellm does not know) or off."""
+    """The older switch: True starts at ``json_schema``, False at ``prompt`` (used only when
+    ``structured_output`` is ``auto``)."""
     extra_headers: dict[str, str] = {}
     """Extra HTTP headers, sent as written: never a credential (``check`` refuses those)."""
     extra_headers_env: dict[str, str] = {}
@@ -253,17 +268,36 @@ class LiteLLMModel:
         self._extra = {k: v for k, v in settings.options.items() if k not in OWN_OPTIONS}
         options = typed_options(settings, LiteLLMOptions)
         self._headers_env = options.extra_headers_env
-        self.supports_json_schema = self._json_schema_support(options.supports_json_schema)
+        self.mode: Mode = self._first_mode(options)
         self._closed = False
         LiteLLMModel._open_models += 1
 
-    def _json_schema_support(self, forced: object) -> bool:
-        if isinstance(forced, bool):  # the user knows better (a vLLM server, a new model)
-            return forced
+    def _first_mode(self, options: LiteLLMOptions) -> Mode:
+        if options.structured_output != "auto":
+            return options.structured_output
+        if isinstance(options.supports_json_schema, bool):  # the older switch
+            return "json_schema" if options.supports_json_schema else "prompt"
         try:
-            return bool(self._litellm.supports_response_schema(model=self.model))
-        except Exception:  # unknown to litellm's model map: assume unconstrained output
-            return False
+            self._litellm.get_model_info(model=self.model)
+        except Exception:  # unknown to litellm's map (a self-hosted server): try, step down
+            return "json_schema"
+        try:
+            known = bool(self._litellm.supports_response_schema(model=self.model))
+        except Exception:
+            known = False
+        return "json_schema" if known else "prompt"
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """Whether the server constrains answers to the schema (mode ``json_schema``)."""
+        return self.mode == "json_schema"
+
+    @supports_json_schema.setter
+    def supports_json_schema(self, value: bool) -> None:
+        if not value:
+            self.mode = "prompt"
+        elif self.mode != "json_schema":
+            self.mode = "json_schema"
 
     def _headers(self) -> dict[str, str]:
         """The ``extra_headers_env`` headers, read from the environment now (at each call)."""
@@ -306,10 +340,9 @@ class LiteLLMModel:
             kwargs["seed"] = params.seed
         if params.stop:
             kwargs["stop"] = list(params.stop)
-        # Without support we send no response_format at all, not {"type": "json_object"}: JSON
-        # mode is no more portable (a 400 would turn a usable call into a permanent failure),
-        # and the caller, told supports_json_schema=False, validates the text anyway.
-        if params.json_schema is not None and self.supports_json_schema:
+        if params.json_schema is None or self.mode == "prompt":
+            return kwargs
+        if self.mode == "json_schema":
             kwargs["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {
@@ -318,6 +351,9 @@ class LiteLLMModel:
                     "strict": True,
                 },
             }
+        else:  # json_object: the server keeps the answer JSON, the prompt gives its shape
+            kwargs["response_format"] = {"type": "json_object"}
+            kwargs["messages"] = _with_schema(kwargs["messages"], params.json_schema)
         return kwargs
 
     async def complete(
@@ -334,14 +370,23 @@ class LiteLLMModel:
             PermanentProviderError: retrying will not help.
         """
         call = params or CallParams()
-        try:
-            response = await self._send(self.request(messages, call))
-        except SchemaRejectedError as exc:
-            # Not retried as transient: this server will never take the schema. From now on
-            # this model sends none, and this call goes again at once as plain JSON prompting.
-            self.supports_json_schema = False
-            log.warning("provider.json_schema_rejected", model=self.name, error=str(exc))
-            response = await self._send(self.request(messages, call))
+        while True:
+            try:
+                response = await self._send(self.request(messages, call))
+                break
+            except SchemaRejectedError as exc:
+                # Never retried as transient: this server will not take this mode. Step down
+                # for good (this call and every later one) and send the call again at once.
+                if self.mode == "prompt":  # pragma: no cover - prompt mode sends no format
+                    raise
+                rejected, self.mode = self.mode, _NEXT_MODE[self.mode]
+                log.warning(
+                    "provider.structured_output_mode",
+                    model=self.name,
+                    rejected=rejected,
+                    now=self.mode,
+                    error=str(exc),
+                )
         return self._completion(response)
 
     async def _send(self, kwargs: dict[str, Any]) -> Any:
@@ -415,6 +460,22 @@ async def _shut_down_litellm(ll: Any) -> None:
         with anyio.move_on_after(LOGGING_FLUSH_S):
             await worker.flush()
         await worker.stop()
+
+
+Mode = Literal["json_schema", "json_object", "prompt"]
+_NEXT_MODE: dict[str, Mode] = {"json_schema": "json_object", "json_object": "prompt"}
+
+
+def _with_schema(messages: list[dict[str, Any]], schema: Any) -> list[dict[str, Any]]:
+    """``messages`` with the JSON schema of the answer stated in the system prompt."""
+    rule = (
+        "Answer with one JSON object and nothing else. It must follow this JSON schema:\n"
+        + msgspec.json.encode(schema).decode()
+    )
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{messages[0].get('content', '')}\n\n{rule}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": rule}, *messages]
 
 
 class SchemaRejectedError(PermanentProviderError):
