@@ -223,8 +223,9 @@ def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) ->
                 "severity"
             )
             assert cell.inner_text() == before
-            (ROOT / "docs").mkdir(exist_ok=True)
-            page.screenshot(path=str(ROOT / "docs" / "report.png"), full_page=True)
+            # Into the test's own folder: a test never rewrites the README's screenshot.
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+            assert (tmp_path / "report.png").stat().st_size > 0
         finally:
             browser.close()
     assert set(requests) == {url}
