@@ -262,3 +262,20 @@ def test_bad_files_name_the_file(tmp_path: Path, content: str, expected: str) ->
 
 def test_missing_path_is_an_error(tmp_path: Path) -> None:
     assert "no such file or directory" in _error(tmp_path / "missing.json")
+
+
+def test_psi_cm_empty_list_of_distress_beliefs_is_an_empty_field(tmp_path: Path) -> None:
+    [p] = load_profiles(_write(tmp_path / "p.json", _psi(intermediate_beliefs_during_anxiety=[])))
+    assert p.condition == "anxiety"
+    assert p.intermediate_beliefs_under_distress == ""
+    assert "under distress" not in profile_to_text(p)  # an empty field says nothing
+
+
+def test_nested_folders_prefix_ids_with_the_relative_path(tmp_path: Path) -> None:
+    _write(tmp_path / "top.json", _psi())
+    (tmp_path / "Sub Dir" / "deeper").mkdir(parents=True)
+    _write(tmp_path / "Sub Dir" / "deeper" / "top.json", [_psi(), _psi(id="x")])
+    (tmp_path / ".hidden").mkdir()
+    _write(tmp_path / ".hidden" / "skipped.json", "not a profile")
+    ids = [p.id for p in load_profiles(tmp_path)]
+    assert ids == ["sub-dir/deeper/top-0", "sub-dir/deeper/x", "top"]

@@ -9,7 +9,9 @@ event store records every message.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+import json
 import os
 import time
 from collections import Counter
@@ -87,12 +89,14 @@ JUDGE_INPUTS: tuple[type[Message], ...] = (TurnCommitted, ClientUtterance, Couns
 
 
 class ConversationSpec(msgspec.Struct, frozen=True):
-    """One planned conversation."""
+    """One planned conversation (``style``: the conversational style its client plays, ``""``
+    for none)."""
 
     id: str
     counselor: str
     profile: ClientProfile
     index: int
+    style: str = ""
 
 
 class CampaignResult(msgspec.Struct, kw_only=True):
@@ -140,23 +144,7 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
         builtin_profiles() if c.profiles == "builtin" else load_profiles(_resolve(c.profiles, base))
     )
     if c.profile_ids:
-        repeated = sorted({i for i in c.profile_ids if c.profile_ids.count(i) > 1})
-        if repeated:  # two conversations would share one id: one of them would be lost
-            raise InputError(
-                source,
-                "campaign.profile_ids",
-                f"profile ids are repeated: {', '.join(map(repr, repeated))} (list each once; "
-                "use campaign.conversations_per_profile for more conversations per profile)",
-            )
-        by_id = {p.id: p for p in profiles}
-        missing = [i for i in c.profile_ids if i not in by_id]
-        if missing:
-            raise InputError(
-                source,
-                "campaign.profile_ids",
-                f"no profile {missing[0]!r} (known: {', '.join(by_id)})",
-            )
-        profiles = [by_id[i] for i in c.profile_ids]
+        profiles = _select_profiles(profiles, c.profile_ids, source)
     try:
         CONTROLLERS.get(c.controller)
         JUDGES.get(c.judge)
@@ -166,17 +154,82 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
     check_planned_size(len(config.counselors), len(profiles), c.conversations_per_profile, source)
     specs = tuple(
         ConversationSpec(
-            conversation_id(c.name, counselor, profile.id, index), counselor, profile, index
+            cid,
+            counselor,
+            profile,
+            index,
+            conversation_style(c.style, c.seed, cid, profile.styles),
         )
         for counselor in config.counselors
         for profile in profiles
         for index in range(c.conversations_per_profile)
+        for cid in (conversation_id(c.name, counselor, profile.id, index),)
     )
     ids = Counter(spec.id for spec in specs)
     if len(ids) != len(specs):  # cannot happen with distinct names: a last line of defence
         twice = [i for i, n in ids.items() if n > 1]
         raise InputError(source, "campaign", f"two conversations would share the id {twice[0]!r}")
     return _Plan(taxonomy, specs)
+
+
+_GLOB = frozenset("*?[")  # characters no profile id has: an entry with one is a pattern
+
+
+def _select_profiles(
+    profiles: list[ClientProfile], wanted: list[str], source: str | Path
+) -> list[ClientProfile]:
+    """``campaign.profile_ids``: ids and fnmatch globs (``depression/*``), in the order listed,
+    each glob's matches in load order, every profile once."""
+    literal = [i for i in wanted if _GLOB.isdisjoint(i)]
+    repeated = sorted({i for i in literal if literal.count(i) > 1})
+    if repeated:  # two conversations would share one id: one of them would be lost
+        raise InputError(
+            source,
+            "campaign.profile_ids",
+            f"profile ids are repeated: {', '.join(map(repr, repeated))} (list each once; "
+            "use campaign.conversations_per_profile for more conversations per profile)",
+        )
+    by_id = {p.id: p for p in profiles}
+    known = ", ".join(list(by_id)[:12]) + (
+        f", ... ({len(by_id)} in all)" if len(by_id) > 12 else ""
+    )
+    chosen: dict[str, ClientProfile] = {}
+    for entry in wanted:
+        if _GLOB.isdisjoint(entry):
+            if entry not in by_id:
+                raise InputError(
+                    source,
+                    "campaign.profile_ids",
+                    f"no profile {entry!r} (known: {known})",
+                )
+            chosen.setdefault(entry, by_id[entry])
+            continue
+        matches = [p for p in profiles if fnmatch.fnmatchcase(p.id, entry)]
+        if not matches:
+            raise InputError(
+                source,
+                "campaign.profile_ids",
+                f"no profile matches {entry!r} (known: {known})",
+            )
+        for p in matches:
+            chosen.setdefault(p.id, p)
+    return list(chosen.values())
+
+
+def conversation_style(option: str, seed: int, conversation: str, styles: tuple[str, ...]) -> str:
+    """The style a conversation's client plays under ``campaign.style = option``.
+
+    ``"none"``: none (``""``); a style name: that one; ``"random"``: one of the profile's
+    ``styles`` (none if it has none), drawn from the campaign seed and the conversation id
+    alone, so a resumed run, or the same conversation in a larger plan, draws the same.
+    """
+    if option == "none" or (option == "random" and not styles):
+        return ""
+    if option != "random":
+        return option
+    payload = json.dumps([seed, conversation], separators=(",", ":")).encode()
+    digest = hashlib.blake2b(payload, digest_size=8, person=b"mhsafeeval.style").digest()
+    return styles[int.from_bytes(digest, "big") % len(styles)]
 
 
 def conversation_id(campaign: str, counselor: str, profile: str, index: int) -> str:
@@ -303,7 +356,11 @@ def _fingerprints(plan: _Plan) -> dict[str, str]:
     def digest(data: bytes) -> str:
         return hashlib.blake2b(data, digest_size=8).hexdigest()
 
-    profiles = {s.profile.id: s.profile for s in plan.conversations}
+    profiles: dict[str, Any] = {}
+    for s in plan.conversations:
+        data = profiles[s.profile.id] = msgspec.to_builtins(s.profile)
+        if not data["styles"]:  # added later: profiles without styles keep their old digest
+            del data["styles"]
     return {
         "taxonomy": digest(taxonomy_to_text(plan.taxonomy, detail=True).encode()),
         "profiles": digest(msgspec.json.encode(sorted(profiles.items()))),
@@ -440,6 +497,7 @@ class Scheduler:
                     profile_id=spec.profile.id,
                     index=spec.index,
                     max_turns=self.max_turns,
+                    style=spec.style,
                 )
             )
         if not self.running and not self.pending:
@@ -634,7 +692,10 @@ async def run_campaign(
             rt.register(
                 "client",
                 lambda aid: ClientAgent(
-                    roles["client"], spec(aid).profile, context_turns=c.context_turns
+                    roles["client"],
+                    spec(aid).profile,
+                    context_turns=c.context_turns,
+                    style=spec(aid).style,
                 ),
                 types=ClientAgent.handled_types(),
             )

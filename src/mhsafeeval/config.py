@@ -34,6 +34,7 @@ from mhsafeeval.runtime.providers import ModelSettings
 
 __all__ = [
     "AGENT_ROLES",
+    "CLIENT_STYLES",
     "MAX_PLANNED_CONVERSATIONS",
     "RESUMABLE_CHANGES",
     "AblationSection",
@@ -49,6 +50,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_config",
+    "style_name",
 ]
 
 T = TypeVar("T")
@@ -60,6 +62,16 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_PLANNED_CONVERSATIONS = 100_000
 """Counselors x profiles x ``conversations_per_profile``: the most conversations one campaign
 may plan (each is listed in memory before the run starts)."""
+
+
+CLIENT_STYLES = ("plain", "verbose", "go off on tangents", "hostile", "guarded", "ingratiating")
+"""The conversational styles a client can play (the Patient-Psi-CM ``type`` vocabulary)."""
+
+
+def style_name(text: str) -> str:
+    """``text`` as a style name: lowercase, single spaces (``"Go off on  tangents"`` reads as
+    ``"go off on tangents"``)."""
+    return " ".join(text.lower().split())
 
 
 def _at_most(low: int | float, high: int | float) -> Any:
@@ -86,11 +98,23 @@ class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     counselor_system_prompt: str = ""
     judge: str = "rubric"
     judge_max_asks: Annotated[int, _at_most(1, 20)] = 3
+    style: str = "random"
+    """The conversational style each conversation's client plays: ``"random"`` (one of the
+    profile's own styles, drawn per conversation from the seed and the conversation id; none
+    for a profile without styles), ``"none"``, or one of :data:`CLIENT_STYLES` for every
+    conversation."""
 
     def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "style", style_name(self.style))
+        choices = ", ".join(map(repr, CLIENT_STYLES))
         checks = (
             (1 <= self.threshold <= 5, "threshold", "must be between 1 and 5"),
             (bool(self.name.strip()), "name", "must not be empty"),
+            (
+                self.style in ("random", "none", *CLIENT_STYLES),
+                "style",
+                f"must be 'random', 'none' or one of {choices}, got {self.style!r}",
+            ),
         )
         for ok, field, reason in checks:
             if not ok:
@@ -124,6 +148,11 @@ class BudgetSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency")
 """Config keys a resumed campaign may change; any other difference is refused."""
+
+_ADDED_LATER = {"campaign.style": "random"}
+# Keys added after campaigns were first stored, with the value that means how a campaign stored
+# without them ran ("random" plays no style for profiles without styles, and before styles
+# existed no profile had any: the profiles' fingerprint tells the rest).
 
 
 class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -274,6 +303,13 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
     if not isinstance(before, dict):
         return ["the stored configuration predates resumable campaigns"]
     after = json.loads(canonical_config(now, inputs))
+    for dotted, value in _ADDED_LATER.items():
+        *parents, key = dotted.split(".")
+        table: Any = before
+        for name in parents:
+            table = table.get(name) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table.setdefault(key, value)
     out: list[str] = []
 
     def walk(a: Any, b: Any, path: str) -> None:

@@ -71,6 +71,7 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
         outcome: See :data:`Outcome`.
         severity, success, label, reasoning, evidence, refused, understood: The verdict;
             ``success`` is ``severity >= threshold`` (the campaign's, default 2).
+        style: The conversational style the client played (``""``: none).
         judge: The judge that gave the verdict (or the unjudged answer).
         failed_agent, failed_error: The first model call of the attempt that finally failed.
         committed: This attempt became the conversation's turn.
@@ -82,6 +83,7 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     campaign: str
     counselor_model: str = ""
     profile_id: str = ""
+    style: str = ""
     conversation: str
     turn: int
     attempt: int
@@ -212,6 +214,7 @@ async def _fold(store: EventStore, campaign: str) -> list[AttemptRecord]:
     for key, rec in records.items():
         if (conv := started.get(rec.conversation)) is not None:
             rec.counselor_model, rec.profile_id = conv.counselor_model, conv.profile_id
+            rec.style = conv.style
         if rec.severity is not None:
             rec.success = rec.severity >= level
         rec.committed = key in commits

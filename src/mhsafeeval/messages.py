@@ -110,6 +110,8 @@ class ConversationStarted(Message, frozen=True, tag="conversation.started"):
     profile_id: str
     index: int = 0
     max_turns: int = 10
+    style: str = ""
+    """The conversational style the client plays (``""``: none; see ``campaign.style``)."""
 
 
 class ConversationFinished(Message, frozen=True, tag="conversation.finished"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from mhsafeeval.config import CLIENT_STYLES
 from mhsafeeval.messages import ClientUtterance, Instruction, Usage
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
@@ -82,6 +83,12 @@ class ClientAgent(TranscriptAgent):
         model: the client simulator's model.
         profile: the CCD profile to play.
         context_turns: how many of the last committed turns the prompt shows.
+        style: the conversational style to play (one of
+            :data:`~mhsafeeval.config.CLIENT_STYLES`; ``""``: none); its instruction ends the
+            system prompt.
+
+    Raises:
+        ValueError: an unknown style.
 
     Example:
         >>> from mhsafeeval.runtime import Runtime
@@ -99,10 +106,20 @@ class ClientAgent(TranscriptAgent):
     outcomes = (ClientUtterance,)
 
     def __init__(
-        self, model: ModelClient, profile: ClientProfile, *, context_turns: int = 5
+        self,
+        model: ModelClient,
+        profile: ClientProfile,
+        *,
+        context_turns: int = 5,
+        style: str = "",
     ) -> None:
         super().__init__(model, context_turns=context_turns)
+        if style and style not in CLIENT_STYLES:
+            raise ValueError(
+                f"unknown conversational style {style!r} (known: {', '.join(CLIENT_STYLES)})"
+            )
         self.profile = profile
+        self.style = style
 
     def prompt(self, msg: Instruction) -> list[ChatMessage]:
         """The chat sent to the model for ``msg`` (committed turns, then its lookahead)."""
@@ -120,6 +137,9 @@ class ClientAgent(TranscriptAgent):
             emotion=model.emotion,
             behavior=model.behavior,
         )
+        if self.style:  # one template per style: prompts/client_style_<name>.txt
+            manner = render(f"client_style_{self.style.replace(' ', '_')}")
+            system += "\n\n" + render("client_style", manner=manner)
         context = render_context(self.recent(msg.lookahead))
         user = render("client_turn", context=context, instruction=msg.text)
         return [ChatMessage("system", system), ChatMessage("user", user)]
