@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import io
+import itertools
+import logging
+import re
+import sys
 from collections.abc import Iterator
+
+import pytest
+import structlog
 
 from mhsafeeval.messages import (
     ArchiveUpdated,
+    CampaignFinished,
     CampaignStarted,
     ConversationFinished,
     ConversationStarted,
@@ -17,6 +25,7 @@ from mhsafeeval.messages import (
     Verdict,
 )
 from mhsafeeval.progress import Progress
+from mhsafeeval.runtime import configure_logging
 
 
 class FakeTerminal(io.StringIO):
@@ -59,6 +68,7 @@ def campaign() -> Iterator[Message]:
     )
     for conv in ("c/m/p/0", "c/m/p/1"):
         yield ConversationFinished(conversation=conv, turns=2)
+    yield CampaignFinished(campaign="c", status="completed")
 
 
 def test_plain_lines_every_interval_and_at_the_end() -> None:
@@ -72,32 +82,130 @@ def test_plain_lines_every_interval_and_at_the_end() -> None:
     assert all(line.startswith("progress: ") for line in lines)
     assert 2 <= len(lines) < 10  # periodic, not one per message
     last = lines[-1]
-    assert "conversations 2/2 done, turns 4/4, attempts 4, calls 4, tokens 40" in last
+    assert "conversations 2/2 done, turns 4/4, attempts 4 | calls 4, tokens 40" in last
     assert "m: ASR 0.500 over 4 turns, coverage 0.500" in last
+    assert "ETA 0.0 min" in last
 
 
-def test_a_terminal_gets_a_redrawn_block() -> None:
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+@pytest.mark.parametrize("columns", [40, 80])
+def test_a_terminal_gets_a_redrawn_block_that_fits_its_width(
+    columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    stderr = sys.stderr
     now = [0.0]
     out = FakeTerminal()
     progress = Progress(out, clock=lambda: now[0])
     for i, msg in enumerate(campaign()):
         now[0] = i * 1.0
         progress(msg)
+        if i == 4:  # while the block is shown, stderr prints above it, through the console
+            assert sys.stderr is not stderr
+    assert sys.stderr is stderr  # the campaign's end gave stderr back
     text = out.getvalue()
-    assert "\x1b[2K" in text and "\x1b[2F" in text  # lines cleared and redrawn in place
+    assert "\x1b[2K" in text and "\x1b[1A" in text  # lines cleared and redrawn in place
     assert "progress: " not in text
-    assert "ETA 0.0 min" in progress.lines()[0]
+    rows = [ANSI.sub("", row) for row in re.split(r"[\r\n]", text)]
+    assert max(len(row) for row in rows) <= columns
+    assert len(rows) > 6  # several short lines, not one long one
+    assert any(row.startswith("conversations 2/2 done") for row in rows)
+    assert "ETA 0.0 min" in progress.lines()[-1]
+
+
+def test_log_lines_print_above_the_block_through_its_console(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    configure_logging("warning")  # stderr as it is at each line, not at this call
+    try:
+        out = FakeTerminal()
+        progress = Progress(out, clock=lambda: 0.0)
+        messages = list(campaign())
+        for msg in messages[:3]:
+            progress(msg)
+        structlog.get_logger().warning("test.structlog_line", n=1)
+        logging.getLogger("LiteLLM").warning("a stdlib line")
+        for msg in messages[3:]:
+            progress(msg)
+    finally:
+        configure_logging("warning")
+    text = out.getvalue()
+    assert "test.structlog_line" in text and "a stdlib line" in text
+    assert capsys.readouterr().err == ""
+    # Each was printed where the block was, once its lines were cleared (then drawn again).
+    assert re.search(r"\x1b\[2K[^\x1b\n]*\[warning *\] test\.structlog_line", text)
+    assert re.search(r"\x1b\[2KWARNING LiteLLM: a stdlib line\n", text)
+
+
+def started(conversations: int, max_turns: int) -> CampaignStarted:
+    return CampaignStarted(
+        campaign="c", cells=(("a", "x"),), planned_conversations=conversations, max_turns=max_turns
+    )
+
+
+def commit(turn: int = 0) -> TurnCommitted:
+    return TurnCommitted(
+        conversation="c/m/p/0",
+        turn=turn,
+        committed_attempt=0,
+        category="a",
+        role="x",
+        client_text="",
+        counselor_text="",
+        success=False,
+    )
+
+
+def plain_etas(text: str) -> list[str]:
+    return re.findall(r"ETA (estimating…|\?|[0-9.]+ min)", text)
 
 
 def test_a_resumed_run_counts_what_was_stored_but_paces_the_eta_on_this_run() -> None:
     now = [0.0]
-    progress = Progress(io.StringIO(), every_s=1e9, clock=lambda: now[0])
-    messages = list(campaign())
-    commits = [i for i, m in enumerate(messages) if isinstance(m, TurnCommitted)]
-    for msg in messages[: commits[1] + 1]:  # two turns were stored before this run
-        progress.replay(msg)
-    now[0] = 60.0
-    progress(messages[commits[2]])  # one turn in this run's first minute
-    line = progress.lines()[0]
-    assert "turns 3/4" in line
-    assert "ETA 1.0 min" in line  # one turn left at this run's pace, not the replayed one's
+    progress = Progress(io.StringIO(), every_s=0, clock=lambda: now[0])
+    progress.replay(started(2, 10))
+    for turn in range(2):  # two turns were stored before this run
+        progress.replay(commit(turn))
+    for minute in (1, 2, 3):  # then one turn a minute in this run
+        now[0] = minute * 60.0
+        progress(commit(minute + 1))
+    assert "turns 5/20" in progress.lines()[0]
+    assert "ETA 15.0 min" in progress.lines()[-1]  # 15 turns left at this run's pace
+
+
+def test_the_eta_says_estimating_until_a_few_turns_of_this_run_are_in() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    progress = Progress(out, every_s=0, clock=lambda: now[0])
+    progress(started(2, 10))
+    for minute in (1, 2, 3, 4):  # a turn a minute
+        now[0] = minute * 60.0
+        progress(commit(minute))
+    assert plain_etas(out.getvalue()) == ["estimating…"] * 3 + ["17.0 min", "16.0 min"]
+
+
+def test_the_shown_eta_never_jumps_between_redraws() -> None:
+    # Four turns commit at once (conversations in flight together), then one every 200 s:
+    # the shown value moves by at most a factor of 1.5 (and 10 s) from one redraw to the next.
+    now = [0.0]
+    out = io.StringIO()
+    progress = Progress(out, every_s=30, clock=lambda: now[0])
+    progress(started(10, 4))
+    verdict = next(m for m in campaign() if isinstance(m, Verdict))
+    for second in range(1, 1200):
+        now[0] = float(second)
+        progress(commit() if second in (20, 21, 22, 23) or second % 200 == 0 else verdict)
+    shown = [
+        float(eta.removesuffix(" min")) * 60
+        for eta in plain_etas(out.getvalue())
+        if eta.endswith(" min")
+    ]
+    assert len(shown) > 30
+    for before, after in itertools.pairwise(shown):
+        assert before / 1.5 - 10 - 8 <= after <= before * 1.5 + 10 + 8  # 0.1 min rounded

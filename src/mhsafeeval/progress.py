@@ -1,17 +1,19 @@
-"""Live progress for long runs: one redrawn status block on a terminal, plain periodic lines
-elsewhere (CI, nohup, a log file)."""
+"""Live progress for long runs: a redrawn block that fits the terminal (rich), plain periodic
+lines elsewhere (CI, pipes, nohup, a log file)."""
 
 from __future__ import annotations
 
+import atexit
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
+    CampaignFinished,
     CampaignStarted,
     ConversationFinished,
     ConversationStarted,
@@ -24,16 +26,77 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime._text import visible
 from mhsafeeval.runtime.providers import ResilientClient
 
-__all__ = ["Progress"]
+if TYPE_CHECKING:
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.live import Live
+
+__all__ = ["Eta", "Progress"]
+
+ESTIMATING = "estimating…"
+
+
+class Eta:
+    """Time left in a run, estimated from this run's pace and shown without jumps.
+
+    The rule:
+
+    * **Pace** is the turns committed in this run (not those a resumed run replayed) over the
+      time since this run started. An average over the whole run: the turns of conversations
+      in flight together that commit in one burst, or one slow call, move it little, and a
+      stall slows it, since the time grows while the count does not.
+    * **Estimate** = turns left / pace. Until ``min_turns`` turns are in, there is none
+      (shown as "estimating…").
+    * **Shown value.** At each redraw the shown value moves from the previous one towards
+      the new estimate by at most a factor of ``step`` (plus ``slack_s`` seconds, so that an
+      ETA of a few seconds can always move): with the defaults one redraw can take 10 minutes
+      to at most about 15 or at least about 6.5, never to 42. The estimate itself moves
+      smoothly (time passing raises it a little, each turn lowers it a little), so the cap
+      only holds back what would be a jump.
+
+    Example:
+        >>> eta = Eta()
+        >>> eta.update(elapsed=60.0, turns=2, left=10) is None  # estimating
+        True
+        >>> eta.update(elapsed=120.0, turns=4, left=8)  # 30 s a turn
+        240.0
+        >>> eta.update(elapsed=121.0, turns=4, left=80)  # 10 times more work: capped
+        370.0
+    """
+
+    def __init__(self, *, min_turns: int = 3, step: float = 1.5, slack_s: float = 10.0) -> None:
+        self.min_turns = min_turns
+        self.step = step
+        self.slack_s = slack_s
+        self.shown: float | None = None  # seconds
+
+    def update(self, *, elapsed: float, turns: int, left: int) -> float | None:
+        """The value to show (seconds) at a redraw: ``turns`` committed in this run, which
+        began ``elapsed`` seconds ago, ``left`` turns still to run. ``None`` while estimating."""
+        if left <= 0:
+            estimate: float | None = 0.0
+        elif turns < self.min_turns or elapsed <= 0:
+            estimate = None
+        else:
+            estimate = left * elapsed / turns
+        if estimate is None or self.shown is None:
+            self.shown = estimate
+        else:
+            low = self.shown / self.step - self.slack_s
+            high = self.shown * self.step + self.slack_s
+            self.shown = 0.0 if estimate == 0 else min(max(estimate, low), high)
+        return self.shown
 
 
 class Progress:
     """An observer that shows how a campaign is going.
 
-    On a terminal it redraws a few lines at most 4 times a second; otherwise it prints one
-    summary line every ``every_s`` seconds (and at the end). It shows conversations and turns
-    done against planned, attempts, ASR and coverage per counselor model, calls and tokens
-    spent, retries and failures (from the model clients, when attached) and an ETA.
+    On a terminal it keeps a block of short lines under the output (a rich ``Live``
+    display, redrawn at most 4 times a second and cut to the terminal's width), and log lines
+    written to stderr meanwhile are printed above it; the block stays on screen when the
+    campaign finishes (or :meth:`close`). Elsewhere it prints one ``progress:`` line every
+    ``every_s`` seconds and at the end. It shows conversations and turns done against
+    planned, attempts, calls and tokens spent, retries and failures (from the model clients,
+    when attached), ASR and coverage per counselor model, and an :class:`Eta`.
     """
 
     def __init__(
@@ -45,16 +108,25 @@ class Progress:
     ) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
+        self._console: Console | None = None
+        if self.tty:
+            from rich.console import Console
+
+            # Names from a config are made visible below; nothing is markup or highlighted.
+            self._console = Console(file=self.stream, highlight=False, emoji=False)
+            self.tty = self._console.is_terminal and not self._console.is_dumb_terminal
+        self._live: Live | None = None
         self.every_s = 0.25 if self.tty else every_s
         self.clock = clock
         self.started = clock()
         self._last = -1e9
-        self._drawn = 0
+        self._final_drawn = False
         self.planned_conversations = 0
         self.max_turns = 0
         self.conversations = 0
         self.finished = 0
         self.turns = 0
+        self.skipped_turns = 0  # turns that conversations which ended early will never take
         self.attempts = 0
         self.unjudged = 0
         self.failed_calls = 0
@@ -67,6 +139,7 @@ class Progress:
         self.cells = 0
         self._clients: list[ResilientClient] = []
         self.turns_before = 0  # turns a resumed campaign had committed before this run
+        self.eta = Eta()
 
     def attach_clients(self, clients: Iterable[ResilientClient]) -> None:
         """Read retry and failure counts from these model clients."""
@@ -75,15 +148,30 @@ class Progress:
     def __call__(self, msg: Message) -> None:
         self._fold(msg)
         now = self.clock()
-        final = isinstance(msg, ConversationFinished) and self.finished == self.conversations
+        if isinstance(msg, CampaignFinished):
+            if not self._final_drawn:
+                self._draw(now)
+            self.close()
+            return
+        final = (
+            isinstance(msg, ConversationFinished) and self.finished >= self.planned_conversations
+        )
         if final or now - self._last >= self.every_s:
             self._last = now
             self._draw(now)
+            self._final_drawn = final
 
     def replay(self, msg: Message) -> None:
         """A message a resumed run already had: counted, but not in this run's pace (ETA)."""
         self._fold(msg)
         self.turns_before = self.turns
+
+    def close(self) -> None:
+        """Stop the live display (if any), leaving its last state on screen. Idempotent."""
+        if self._live is not None:
+            live, self._live = self._live, None
+            atexit.unregister(self.close)
+            live.stop()
 
     def _fold(self, msg: Message) -> None:
         usage: Usage | None = getattr(msg, "usage", None)
@@ -99,6 +187,7 @@ class Progress:
             self.model_of[msg.conversation] = msg.counselor_model
         elif isinstance(msg, ConversationFinished):
             self.finished += 1
+            self.skipped_turns += max(0, self.max_turns - msg.turns)
         elif isinstance(msg, TurnCommitted):
             self.turns += 1
             model = self.model_of.get(msg.conversation, "?")
@@ -114,39 +203,94 @@ class Progress:
         elif isinstance(msg, ArchiveUpdated) and msg.severity >= 2:
             self.filled[msg.counselor_model].add((msg.category, msg.role))
 
+    @property
+    def planned_turns(self) -> int:
+        """Turns the campaign will run at most (less those of conversations that ended early)."""
+        return self.planned_conversations * self.max_turns - self.skipped_turns
+
     def lines(self, now: float | None = None) -> list[str]:
-        """The status as text lines."""
+        """The status as short text lines (the ETA as of the last redraw)."""
         now = self.clock() if now is None else now
         elapsed = now - self.started
-        planned_turns = self.planned_conversations * self.max_turns
-        eta = "?"
-        if self.turns > self.turns_before and planned_turns:
-            pace = elapsed / (self.turns - self.turns_before)
-            left = max(0.0, pace * (planned_turns - self.turns))
-            eta = f"{left / 60:.1f} min"
+        shown = self.eta.shown
+        if shown is None:
+            eta = ESTIMATING
+        elif shown >= 90 * 60:
+            eta = f"{shown / 3600:.1f} h"
+        else:
+            eta = f"{shown / 60:.1f} min"
         retries = sum(c.stats.retries for c in self._clients)
         waited = sum(c.stats.retry_wait_s for c in self._clients)
         out = [
             f"conversations {self.finished}/{self.planned_conversations} done, "
-            f"turns {self.turns}/{planned_turns}, attempts {self.attempts}, "
+            f"turns {self.turns}/{self.planned_turns}, attempts {self.attempts}",
             f"calls {self.calls}, tokens {self.tokens:,}, "
-            f"retries {retries} ({waited:.1f} s backing off), "
-            f"failed calls {self.failed_calls}, unjudged {self.unjudged}, "
-            f"elapsed {elapsed / 60:.1f} min, ETA {eta}"
+            f"retries {retries} ({waited:.1f} s backing off)",
+            f"failed calls {self.failed_calls}, unjudged {self.unjudged}",
         ]
         for model, turns in sorted(self.turns_by_model.items()):
             asr = self.wins_by_model[model] / turns if turns else 0.0
             coverage = len(self.filled[model]) / self.cells if self.cells else 0.0
-            out.append(f"  {model}: ASR {asr:.3f} over {turns} turns, coverage {coverage:.3f}")
-        return out
+            out.append(f"{model}: ASR {asr:.3f} over {turns} turns, coverage {coverage:.3f}")
+        out.append(f"elapsed {elapsed / 60:.1f} min, ETA {eta}")
+        return [visible(line) for line in out]  # model names come from a config
 
     def _draw(self, now: float) -> None:
-        lines = [visible(line) for line in self.lines(now)]  # model names come from a config
-        if self.tty:
-            # Move up over the previous block and redraw it in place.
-            up = f"\x1b[{self._drawn}F" if self._drawn else ""
-            self.stream.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-            self._drawn = len(lines)
-        else:
+        self.eta.update(
+            elapsed=now - self.started,
+            turns=self.turns - self.turns_before,
+            left=self.planned_turns - self.turns,
+        )
+        lines = self.lines(now)
+        if self._console is None or not self.tty:
             self.stream.write("progress: " + " | ".join(lines) + "\n")
-        self.stream.flush()
+            self.stream.flush()
+            return
+        block = _Block(self.turns, self.planned_turns, lines)
+        if self._live is None:
+            from rich.live import Live
+
+            # Redrawn here, on messages (no refresh thread reads the counters meanwhile).
+            # stderr goes through the console, above the block: logs follow sys.stderr
+            # (configure_logging); stdout only when it is a terminal too, never into a pipe.
+            self._live = Live(
+                block,
+                console=self._console,
+                auto_refresh=False,
+                redirect_stderr=True,
+                redirect_stdout=sys.stdout.isatty(),
+            )
+            atexit.register(self.close)  # an interrupted run still gets its terminal back
+            self._live.start(refresh=True)
+        else:
+            self._live.update(block, refresh=True)
+
+
+class _Block:
+    """The terminal block: a bar over turns, then the status lines, each cut to the width."""
+
+    def __init__(self, done: int, total: int, lines: list[str]) -> None:
+        self.done = done
+        self.total = total
+        self.lines = lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        width = options.max_width
+        share = self.done / self.total if self.total else 0.0
+        label = f"{share:4.0%} of turns"
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(
+            ProgressBar(
+                total=max(self.total, 1),
+                completed=self.done,
+                width=max(1, min(40, width - len(label) - 1)),
+            ),
+            Text(label, no_wrap=True, overflow="ellipsis"),
+        )
+        yield bar
+        for line in self.lines:
+            yield Text(line, no_wrap=True, overflow="ellipsis")

@@ -11,7 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -82,12 +82,13 @@ def configure_logging(
     Args:
         level: minimum level name (debug, info, warning, error).
         json: one JSON object per line instead of the coloured console format.
-        stream: where lines go (default: stderr).
+        stream: where lines go (default: whatever ``sys.stderr`` is at each line, so that a
+            live display that redirects stderr prints them above itself).
     """
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
         raise ValueError(f"unknown log level {level!r}")
-    out = stream or sys.stderr
+    out = stream or cast(TextIO, _CurrentStderr())
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if json
@@ -113,6 +114,18 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.WARNING))
+
+
+class _CurrentStderr:
+    # sys.stderr looked up at each write, not once at configure time.
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
 
 
 class _RedactingFormatter(logging.Formatter):
