@@ -174,10 +174,6 @@ class BudgetedModel:
         """The provider's, read live: a provider may learn that its server refuses schemas."""
         return self.inner.supports_json_schema
 
-    @supports_json_schema.setter
-    def supports_json_schema(self, value: bool) -> None:
-        self.inner.supports_json_schema = value
-
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
     ) -> Completion:

@@ -16,6 +16,7 @@ import anyio
 import msgspec
 
 from mhsafeeval import __version__
+from mhsafeeval._terminal import visible, visible_json
 from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
 
@@ -204,7 +205,6 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def _failed(exc: BaseException, *, debug: bool) -> int:
     """One line on stderr and the exit code for what ended a command; never a traceback
     (unless ``--log-level debug``). Exception groups from task groups are looked inside."""
-    from mhsafeeval._terminal import visible
 
     leaves = _leaves(exc)
 
@@ -244,7 +244,6 @@ def _providers() -> int:
 
 
 def _check(path: Path) -> int:
-    from mhsafeeval._terminal import visible
     from mhsafeeval.campaign import build_plan, preflight
     from mhsafeeval.config import load_config
 
@@ -292,7 +291,6 @@ def _taxonomy(path: Path | None, detail: bool) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from mhsafeeval._terminal import visible
     from mhsafeeval.campaign import DEMO_CONFIG, build_plan, preflight, run_campaign
     from mhsafeeval.config import parse_config, read_config
     from mhsafeeval.progress import Progress
@@ -341,7 +339,6 @@ async def _run(args: argparse.Namespace) -> int:
             async for e in store.events(config.campaign.name, types=["conversation.finished"])
             if e.message is not None and getattr(e.message, "status", "") != "completed"
         ]
-    from mhsafeeval._terminal import visible  # names from the config, text from models
 
     for report in reports:
         print(visible(render_text(report), keep_newlines=True))
@@ -409,7 +406,6 @@ async def _stored_events(db: Path, name: str) -> int:
 
 async def _report(args: argparse.Namespace) -> int:
     from mhsafeeval._files import write_private_atomic
-    from mhsafeeval._terminal import visible, visible_json
     from mhsafeeval.report import load_report, render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
@@ -434,7 +430,6 @@ async def _export(args: argparse.Namespace) -> int:
     import io
 
     from mhsafeeval._files import write_private_atomic
-    from mhsafeeval._terminal import visible_json
     from mhsafeeval.export import archive_json, export
     from mhsafeeval.storage import SqliteEventStore
 
@@ -497,7 +492,6 @@ def _checked_body(body: bytes, row_type: str) -> tuple[dict[str, object], str]:
 async def _events(args: argparse.Namespace) -> int:
     """List stored events; a damaged row is named on stderr and skipped, and the exit code is
     then 1 (every other row is still listed)."""
-    from mhsafeeval._terminal import visible, visible_json
     from mhsafeeval.storage import SqliteEventStore
 
     encoder = msgspec.json.Encoder()

@@ -292,13 +292,6 @@ class LiteLLMModel:
         """Whether the server constrains answers to the schema (mode ``json_schema``)."""
         return self.mode == "json_schema"
 
-    @supports_json_schema.setter
-    def supports_json_schema(self, value: bool) -> None:
-        if not value:
-            self.mode = "prompt"
-        elif self.mode != "json_schema":
-            self.mode = "json_schema"
-
     def _headers(self) -> dict[str, str]:
         """The ``extra_headers_env`` headers, read from the environment now (at each call)."""
         headers = {}

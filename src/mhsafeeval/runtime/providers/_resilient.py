@@ -91,10 +91,6 @@ class ResilientClient:
         """The provider's, read live: a provider may learn that its server refuses schemas."""
         return self.inner.supports_json_schema
 
-    @supports_json_schema.setter
-    def supports_json_schema(self, value: bool) -> None:
-        self.inner.supports_json_schema = value
-
     def _defaults(self, params: CallParams | None) -> CallParams:
         s = self.settings
         p = params or CallParams()

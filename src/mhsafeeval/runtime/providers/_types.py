@@ -201,7 +201,12 @@ class ModelClient(Protocol):
     """
 
     name: str
-    supports_json_schema: bool
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """Whether the model constrains answers to ``CallParams.json_schema`` (read-only: a
+        provider that learns its server refuses schemas changes it itself)."""
+        ...
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
