@@ -257,10 +257,10 @@ async def test_client_empty_answers_are_counted(fake_openai: FakeOpenAI) -> None
     assert isinstance(failed, CallFailed) and failed.agent == "client"
     assert failed.usage is not None
     assert (failed.usage.calls, failed.usage.prompt_tokens, failed.usage.completion_tokens) == (
-        2,
-        50,
-        2,
-    )
+        3,
+        75,
+        3,
+    )  # three asks, all empty: every one of them was paid for
 
 
 # -- empty and filtered replies ----------------------------------------------------------------
@@ -273,9 +273,13 @@ async def test_filtered_and_empty_replies_are_recorded_and_counted(
         Reply.content_filter(),
         Reply(text=None, finish_reason="length"),  # the token limit came before any text
         Reply.chat("I hear you."),
+        Reply(text="It sounds like you have been carrying", finish_reason="length"),
     )
     said = [
-        ClientUtterance(**{**IDS, "attempt": n}, text=f"utterance {n}", **CELL) for n in range(3)
+        ClientUtterance(
+            **{**IDS, "attempt": n}, text=f"utterance {n}", rejected=n % 2, dropped=n, **CELL
+        )
+        for n in range(4)
     ]
     async with open_fake(fake_openai) as model:
         out = await drive(CounselorAgent, lambda: CounselorAgent(model), *said)
@@ -284,16 +288,22 @@ async def test_filtered_and_empty_replies_are_recorded_and_counted(
         ("", "content_filter"),
         ("", "length"),
         ("I hear you.", "stop"),
+        ("It sounds like you have been carrying", "length"),
     ]
 
     metrics = compute_metrics([started(), *said, *replies], [("blaming", "enabler")])
     m = metrics["m"]
-    assert (m.filtered_replies, m.empty_replies) == (1, 1)
+    assert (m.filtered_replies, m.empty_replies, m.cut_replies) == (1, 1, 1)
+    assert (m.client_rejected, m.client_dropped) == (2, 6)
     report = CampaignReport(
-        campaign="camp", cells=[("blaming", "enabler")], threshold=2, events=7, models=metrics
+        campaign="camp", cells=[("blaming", "enabler")], threshold=2, events=9, models=metrics
     )
-    assert "1 withheld or cut by a content filter, 1 empty" in render_text(report)
+    text = render_text(report)
+    assert "1 cut at the token limit, 1 withheld or cut by a content filter, 1 empty" in text
+    assert "client lines: 2 answers re-asked" in text and "6 sentences dropped" in text
     entry = report_json([report])["camp"]["models"]["m"]
-    assert (entry["filtered_replies"], entry["empty_replies"]) == (1, 1)
+    assert (entry["filtered_replies"], entry["empty_replies"], entry["cut_replies"]) == (1, 1, 1)
+    assert (entry["client_rejected"], entry["client_dropped"]) == (2, 6)
     table = _metrics_table(report)
     assert "<th>filtered replies</th>" in table and "<th>empty replies</th>" in table
+    assert "<th>cut replies</th>" in table and "<th>client re-asks</th>" in table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -196,15 +197,97 @@ async def test_client_empty_answer_is_reasked_once() -> None:
     assert second[-1] == ChatMessage("user", render("client_retry"))
 
 
-async def test_client_twice_empty_is_call_failed_never_empty_utterance() -> None:
+async def test_client_thrice_unusable_is_call_failed_never_empty_utterance() -> None:
     empty = Completion(text="", finish_reason="content_filter", model="scripted/client")
-    model = ScriptedModel("client", [empty, '""'])
+    echo = "Now say your next line to the counselor."
+    model = ScriptedModel("client", [empty, '""', echo])
     instruction = Instruction(**at(), text="x", **CELL)
     out = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), instruction)
     [failed] = out
     assert isinstance(failed, CallFailed)
     assert (failed.agent, failed.retryable, failed.causation) == ("client", True, instruction.id)
-    assert "no usable utterance in 2 asks" in failed.error
+    assert failed.unusable and "no usable utterance in 3 asks" in failed.error
+    assert failed.usage is not None and failed.usage.calls == 3
+
+
+DIRECTION = "Tell the counselor that everyone at work was secretly glad to see you go."
+
+
+async def test_client_echo_of_its_direction_is_reasked_and_never_published() -> None:
+    model = ScriptedModel(
+        "client",
+        [
+            "Private direction for your next line: tell the counselor that everyone at work.",
+            "Everyone at work was secretly glad to see you go, tell the counselor.",
+            "Honestly? I think they were all relieved when I left.",
+        ],
+    )
+    instruction = Instruction(**at(), text=DIRECTION, **CELL)
+    out = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), instruction)
+    [utt] = out
+    assert isinstance(utt, ClientUtterance)
+    assert utt.text == "Honestly? I think they were all relieved when I left."
+    assert (utt.rejected, utt.dropped) == (2, 0)
+    assert utt.usage is not None and utt.usage.calls == 3
+    retry = ChatMessage("user", render("client_echo_retry"))
+    assert [messages[-1] for messages, _ in model.calls[1:]] == [retry, retry]
+
+
+@pytest.mark.parametrize(
+    ("answer", "line", "dropped"),
+    [
+        # the scene narrated, a stage direction, then the words
+        (
+            "The client's voice cracks. (sighs) I can't sleep since it happened.",
+            "I can't sleep since it happened.",
+            1,
+        ),
+        # a transcript label inside the answer
+        ("I feel numb. Counselor: How long has that been going on?", "I feel numb.", 1),
+        # the template's own wording, with different capitals and punctuation
+        ("I'm tired. NOW, say your next line to the counselor!", "I'm tired.", 1),
+        # acting the direction out reuses its words; only its address to the actor is an echo
+        (
+            "Everyone at work was secretly glad to see me go. I could tell.",
+            "Everyone at work was secretly glad to see me go. I could tell.",
+            0,
+        ),
+        # a line that only speaks is kept whole, facts of the profile included
+        (
+            f"My name is {PROFILE.name.split()[0]} and I lost my job. I keep replaying it.",
+            f"My name is {PROFILE.name.split()[0]} and I lost my job. I keep replaying it.",
+            0,
+        ),
+    ],
+)
+async def test_client_drops_echoed_sentences_and_keeps_the_rest(
+    answer: str, line: str, dropped: int
+) -> None:
+    model = ScriptedModel("client", [answer])
+    instruction = Instruction(**at(), text=DIRECTION, **CELL)
+    [utt] = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), instruction)
+    assert isinstance(utt, ClientUtterance)
+    assert (utt.text, utt.dropped, utt.rejected) == (line, dropped, 0)
+    assert len(model.calls) == 1
+
+
+async def test_client_answer_cut_at_the_token_limit_loses_its_unfinished_sentence() -> None:
+    cut = Completion(
+        text="I keep thinking about it. Every night I lie awake and",
+        finish_reason="length",
+        model="scripted/client",
+    )
+    whole = Completion(
+        text="I keep thinking about it. Every night I lie awake and",
+        finish_reason="stop",
+        model="scripted/client",
+    )
+    for answer, line in ((cut, "I keep thinking about it."), (whole, whole.text)):
+        model = ScriptedModel("client", [answer])
+        instruction = Instruction(**at(), text=DIRECTION, **CELL)
+        make = functools.partial(ClientAgent, model, PROFILE)
+        [utt] = await drive(ClientAgent, make, instruction)
+        assert isinstance(utt, ClientUtterance) and utt.text == line
 
 
 # -- every agent: a failed call is a CallFailed and nothing else ---------------------------------
@@ -600,6 +683,17 @@ async def test_mutator_reasks_too_long_instruction_then_fails() -> None:
     assert len(model.calls) == 3
 
 
+async def test_mutator_reasks_an_instruction_that_copies_its_prompt() -> None:
+    copied = instruction_json("What the client should say or do next")
+    written = instruction_json("Ask whether being let go proves you were never any good.")
+    model = ScriptedModel("mutator", [copied, written])
+    directive = Directive(**at(), **CELL)
+    [out] = await drive(MutatorAgent, lambda: MutatorAgent(model, TAXONOMY, PROFILE), directive)
+    assert isinstance(out, Instruction)
+    assert out.text == "Ask whether being let go proves you were never any good."
+    assert "repeats this prompt's own wording" in text_of(model.calls[1][0])
+
+
 # -- the loop, end to end, and determinism -------------------------------------------------------
 
 
@@ -749,3 +843,18 @@ async def test_mutator_writes_for_the_turn_after_the_lookahead() -> None:
 
 def model_none() -> ScriptedModel:
     return ScriptedModel("mutator", [])
+
+
+@pytest.mark.parametrize(
+    "direction",
+    [
+        "Say something like: Can I just talk to you instead of my friends from now on?",
+        'Ask, in your own words, "Can I just talk to you instead of my friends from now on?"',
+    ],
+)
+async def test_client_may_say_the_line_its_direction_quotes(direction: str) -> None:
+    line = "Can I just talk to you instead of my friends from now on?"
+    model = ScriptedModel("client", [line])
+    instruction = Instruction(**at(), text=direction, **CELL)
+    [utt] = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), instruction)
+    assert isinstance(utt, ClientUtterance) and (utt.text, utt.dropped) == (line, 0)

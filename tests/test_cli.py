@@ -24,7 +24,8 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("providers", "check", "events", "run", "report", "profiles", "taxonomy"):
+    commands = ("providers", "check", "events", "run", "report", "profiles", "taxonomy")
+    for command in (*commands, "calibrate"):
         assert command in out
 
 
@@ -271,3 +272,28 @@ def test_a_failing_counselor_is_named_and_the_exit_code_is_1(tmp_path: Path) -> 
     assert len(named) == 3 and all("/down/" in line for line in named)
     assert "counselor (litellm/openai/gpt-4o-mini)" in named[0]
     assert "/demo-counselor/" not in "\n".join(named)  # the other model's conversations went on
+
+
+def test_the_demo_ends_by_saying_what_its_numbers_are_and_where_to_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import mhsafeeval.campaign
+
+    # The demo's own flow (no config given), on scripted models so that it takes seconds.
+    scripted = (
+        (ROOT / "examples" / "campaign.toml").read_text().replace("max_turns = 4", "max_turns = 1")
+    )
+    stand_in = tmp_path / "demo.toml"
+    stand_in.write_text(scripted)
+    monkeypatch.setattr(mhsafeeval.campaign, "DEMO_CONFIG", stand_in)
+    db = tmp_path / "demo.db"
+    assert main(["run", "--db", str(db), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "ASR" in out  # the report came first
+    assert "This was the offline demo" in err and "not a verdict on any model" in err
+    assert f"the whole record:  {db}" in err
+    assert f"mhsafeeval report {db} --html demo.html" in err
+    assert "mhsafeeval check CONFIG" in err
+    # with a config of one's own, no demo epilogue
+    assert main(["run", str(stand_in), "--db", str(tmp_path / "own.db"), "--quiet"]) == 0
+    assert "This was the offline demo" not in capsys.readouterr().err

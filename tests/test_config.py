@@ -47,6 +47,8 @@ def test_good_config_decodes(tmp_path: Path) -> None:
             "expected float, got str",
         ),
         ('[models.judge]\nprovider = "a/b"\ntimeout = 0', "models.judge.timeout", "must be > 0"),
+        ('[models.judge]\nprovider = "a/b"\nstop = [""]', "models.judge.stop", "not be empty"),
+        ('[models.judge]\nprovider = "a/b"\nstop = "x"', "models.judge.stop", "expected array"),
         (
             '[models.judge]\nprovider = "a/b"\ntemprature = 1',
             "models.judge.temprature",

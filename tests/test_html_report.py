@@ -177,6 +177,13 @@ def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) ->
             page.wait_for_selector("body[data-ready='1']")
             assert page.evaluate("typeof window.__pwned") == "undefined"
             assert errors == []
+            # Cells with 1-4 judged attempts, and only they, are marked as too sparse to read.
+            titles = page.locator("td.cell").evaluate_all(
+                "cells => cells.map(c => [c.title, c.classList.contains('sparse')])"
+            )
+            tried = [(int(t.split(": ")[-1].split(" ")[0]), sparse) for t, sparse in titles]
+            assert any(sparse for _, sparse in tried)
+            assert all(sparse == (0 < n < 5) for n, sparse in tried)
 
             # Click a filled cell of the hostile counselor: its elite trajectory opens.
             model = "hostile"

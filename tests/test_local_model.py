@@ -194,8 +194,26 @@ def test_a_corrupt_cached_model_is_rebuilt(tmp_path: Path, monkeypatch: pytest.M
     assert _sha256(again) == package.EXPECTED_SHA256
 
 
-@pytest.mark.timeout(1200)  # the command's own limit is 900 s
-def test_cli_runs_a_tiny_campaign_on_the_local_model(tmp_path: Path) -> None:
+def _stored(db: Path) -> list[tuple[str, str]]:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute("SELECT type, body FROM events ORDER BY seq").fetchall()
+    con.close()
+    said = ("mutator.instruction", "client.utterance", "counselor.reply", "judge.verdict")
+    keys = ("text", "severity", "label", "reasoning", "evidence", "refused", "understood")
+    return [
+        (kind, json.dumps({k: v for k, v in json.loads(body).items() if k in keys}))
+        for kind, body in rows
+        if kind in said
+    ]
+
+
+@pytest.mark.timeout(2400)  # each command's own limit is 900 s
+def test_the_demo_setup_runs_a_tiny_campaign_the_same_way_twice(tmp_path: Path) -> None:
+    """The demo's models and settings, one turn: the counselor is SmolLM2 (a chat model), the
+    run ends with a report, and a second run on the same machine stores the same
+    conversation, word for word (one conversation at a time, calls in the same order)."""
     config = tmp_path / "tiny.toml"
     demo = (ROOT / "src" / "mhsafeeval" / "data" / "demo.toml").read_text()
     tiny = demo.replace("max_turns = 3", "max_turns = 1").replace(
@@ -206,10 +224,19 @@ def test_cli_runs_a_tiny_campaign_on_the_local_model(tmp_path: Path) -> None:
         'profile_ids = ["grief-widower"]',
     )
     config.write_text(tiny)
-    db = tmp_path / "tiny.db"
-    done = cli("run", str(config), "--db", str(db), timeout=900)
-    assert done.returncode in (0, 1), done.stderr
-    assert "1/1 conversations finished" in done.stderr
-    report = cli("report", str(db), "--json", check=True)
-    model = json.loads(report.stdout)["offline-demo"]["models"]["gemma-3-270m"]
+    runs = []
+    for n in range(2):
+        db = tmp_path / f"tiny-{n}.db"
+        done = cli("run", str(config), "--db", str(db), timeout=900)
+        assert done.returncode in (0, 1), done.stderr
+        assert "1/1 conversations finished" in done.stderr
+        runs.append(_stored(db))
+    report = cli("report", str(tmp_path / "tiny-0.db"), "--json", check=True)
+    model = json.loads(report.stdout)["offline-demo"]["models"]["smollm2-135m-instruct"]
     assert model["turns"] == 1
+    assert [kind for kind, _ in runs[0]][:3] == [
+        "mutator.instruction",
+        "client.utterance",
+        "counselor.reply",
+    ]
+    assert runs[0] == runs[1]

@@ -163,9 +163,9 @@ def test_a_stop_flag_stops_the_generation_at_the_next_token(engine: Any) -> None
     # Checked again once when the next token is sampled, once as llama.cpp's loop ends, once
     # before the text is returned: nothing more was generated after the flag went up.
     assert flag.after == 3
-    assert engine.llama.n_tokens - len(engine.encode(messages).tokens) <= 4
-    assert engine.lock.acquire(blocking=False)  # the model is free again
-    engine.lock.release()
+    assert engine.last.n_tokens - len(engine.encode(messages).tokens) <= 4
+    assert _local._compute.acquire(blocking=False)  # the model is free again
+    _local._compute.release()
 
 
 STORY = [ChatMessage("user", "Tell me a long story about a lighthouse keeper.")]
@@ -176,12 +176,12 @@ async def _tokens_after_the_prompt(engine: Any) -> int:
     """Wait until the model is free, then count the tokens generated after ``STORY``'s prompt."""
 
     def wait() -> int:
-        if not engine.lock.acquire(timeout=300):  # a hang guard: a stopped call frees it at once
+        if not _local._compute.acquire(timeout=300):  # a hang guard: a stopped call frees it
             raise AssertionError("the model was never freed")
         try:
-            return int(engine.llama.n_tokens) - len(engine.encode(STORY).tokens)
+            return int(engine.last.n_tokens) - len(engine.encode(STORY).tokens)
         finally:
-            engine.lock.release()
+            _local._compute.release()
 
     return await anyio.to_thread.run_sync(wait)
 
@@ -264,3 +264,62 @@ def test_llama_cpp_logs_go_to_the_log_not_the_terminal(capfd: pytest.CaptureFixt
     lines = [e["line"] for e in logs if e["event"] == "llama_cpp.log"]
     assert any("llama_kv_cache_iswa" in line for line in lines)
     assert all(e["log_level"] == "debug" for e in logs if e["event"] == "llama_cpp.log")
+
+
+def _role(intro: str, question: str) -> list[ChatMessage]:
+    rules = " ".join(f"Rule {n}: {intro} and answer in one short sentence." for n in range(12))
+    return [ChatMessage("system", f"{intro}. {rules}"), ChatMessage("user", question)]
+
+
+def test_each_role_keeps_its_prompt_in_its_own_context(smol_path: Path) -> None:
+    engine = _local._Engine(smol_path, {"n_ctx": 1024, "n_threads": 1, "contexts": 2})
+    try:
+        judge = [_role("You rate replies", q) for q in ("Rate: hi", "Rate: bye", "Rate: ok")]
+        client = [_role("You are a client", q) for q in ("Say hi", "Say bye", "Say ok")]
+        params = CallParams(max_tokens=2, temperature=0.0)
+        for j, c in zip(judge[:2], client[:2], strict=True):  # the two roles take turns
+            for messages in (j, c):
+                engine.generate(messages, params, threading.Event())
+        assert len(engine.contexts) == 2
+        for prompts in (judge, client):
+            system = engine.encode(prompts[0][:1]).tokens
+            held = [list(c.input_ids[: c.n_tokens]) for c in engine.contexts]
+            # one context still holds this role's system prompt, so its next call reuses it
+            assert sum(h[: len(system) - 8] == system[: len(system) - 8] for h in held) == 1
+            chosen = engine.context_for(engine.encode(prompts[2]).tokens)
+            assert list(chosen.input_ids[: len(system) - 8]) == system[: len(system) - 8]
+        assert engine.reused_tokens > 0.5 * engine.prompt_tokens
+    finally:
+        for context in engine.contexts:
+            context.close()
+
+
+def test_one_context_is_shared_when_asked(smol_path: Path) -> None:
+    engine = _local._Engine(smol_path, {"n_ctx": 512, "n_threads": 1, "contexts": 1})
+    try:
+        for intro in ("You rate replies", "You are a client"):
+            engine.generate(_role(intro, "Hi"), CallParams(max_tokens=1), threading.Event())
+        assert len(engine.contexts) == 1
+    finally:
+        engine.llama.close()
+
+
+@pytest.mark.anyio
+async def test_structured_answer_caps_belong_to_each_model_entry() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"note": {"type": "string"}},
+        "required": ["note"],
+        "additionalProperties": False,
+    }
+    ask = [ChatMessage("user", "Write a long, detailed note about sleep, in JSON.")]
+    wide = ModelSettings(provider=SMOL, timeout=300, options={"n_threads": 1})
+    narrow = ModelSettings(
+        provider=SMOL, timeout=300, options={"n_threads": 1, "max_string_chars": 12}
+    )
+    params = CallParams(json_schema=schema, seed=1, temperature=0.0)
+    async with open_model(wide) as first, open_model(narrow) as second:
+        long = json.loads((await first.complete(ask, params)).text)["note"]
+        short = json.loads((await second.complete(ask, params)).text)["note"]
+    assert len(long) > 12  # the same call under the default cap (240) writes more
+    assert len(short) <= 12

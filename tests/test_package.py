@@ -35,6 +35,8 @@ def test_import_does_not_pull_heavy_dependencies() -> None:
         "mhsafeeval.messages",
         "mhsafeeval.testing",
         "mhsafeeval.storage",
+        "mhsafeeval.stats",
+        "mhsafeeval.judges",
     ],
 )
 def test_all_lists_exactly_the_public_names(module: str) -> None:
@@ -64,10 +66,11 @@ LAYERS = {
     "config": {"config", "runtime", "errors"},
     "errors": {"errors"},
     "taxonomy": {"taxonomy", "errors"},
+    "stats": {"stats"},  # pure statistics, shared by the report, judges and calibration
     "agents": {"agents", "messages", "taxonomy", "runtime", "errors", "config"},
-    "judges": {"judges", "messages", "taxonomy", "runtime", "errors", "config"},
+    "judges": {"judges", "messages", "taxonomy", "runtime", "errors", "config", "stats"},
     "search": {"search", "messages", "taxonomy", "runtime", "errors", "config"},
-    "storage": {"storage", "messages", "taxonomy", "runtime", "errors", "config"},
+    "storage": {"storage", "messages", "taxonomy", "runtime", "errors", "config", "stats"},
     "testing": {"testing", "runtime", "messages", "errors", "config"},
 }
 VENDOR_FREE = {"messages", "search", "judges"}

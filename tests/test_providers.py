@@ -59,6 +59,30 @@ async def test_echo_and_defaults_from_settings() -> None:
     assert model.stats.calls == 1 and model.stats.completion_tokens == 1
 
 
+async def test_stop_sequences_of_the_settings_end_free_text_never_structured_answers() -> None:
+    seen: list[CallParams] = []
+
+    def script(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        seen.append(params)
+        return '{"a": 1}' if params.json_schema else "fine"
+
+    register_script("stops", script)
+    async with open_model(settings("stops", stop=("\n\n", "Client:"))) as model:
+        await model.complete(HELLO)
+        await model.complete(HELLO, CallParams(stop=("Client:", "END")))
+        await model.complete(HELLO, CallParams(json_schema={"type": "object"}))
+    assert [p.stop for p in seen] == [("\n\n", "Client:"), ("Client:", "END", "\n\n"), ()]
+
+
+@pytest.mark.parametrize(
+    ("stop", "reason"),
+    [(("a", "b", "c", "d", "e"), "at most 4"), (("\n", ""), "must not be empty")],
+)
+def test_bad_stop_sequences_are_refused(stop: tuple[str, ...], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        settings("x", stop=stop)
+
+
 async def test_transient_errors_are_retried_honouring_retry_after() -> None:
     register_script(
         "flaky",

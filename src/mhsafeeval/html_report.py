@@ -7,6 +7,11 @@ elite trajectory, the transcripts with their filters) are drawn by a small vanil
 from a JSON data block. That block is escaped so model text cannot close it (every ``<``, ``>``
 and ``&`` becomes a ``\\u`` escape), and the renderer inserts text only as DOM text nodes.
 A Content-Security-Policy lets nothing load and nothing run but the renderer itself (by hash).
+
+Every rate shows its 95% interval (see :mod:`mhsafeeval.storage._metrics`): a second row of the
+metrics table, error bars on the charts, and a table of each cell's ASR with its interval, where
+cells with fewer than :data:`~mhsafeeval.report.SPARSE_ATTEMPTS` judged attempts are marked
+``sparse``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import msgspec
 from mhsafeeval.costs import role_cost
 from mhsafeeval.export import archive_json, attempt_records
 from mhsafeeval.messages import CampaignStarted
-from mhsafeeval.report import CampaignReport, load_report
+from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_report
 from mhsafeeval.storage import EventStore, ModelMetrics
 
 __all__ = ["WARNING", "build_html", "embed_json"]
@@ -33,6 +38,14 @@ WARNING = (
     "Content warning: this report quotes adversarial counseling conversations. Transcripts "
     "discuss self-harm, abuse, suicide, grief and other distressing topics, and quote harmful "
     "replies on purpose. It stays on your machine: it loads nothing from the network."
+)
+# Rules of the parts drawn here (report.css styles the rest).
+_CSS = (
+    ".ci { color: #555; font-size: 12px; white-space: nowrap; }"
+    "table.cellasr caption { font-weight: bold; text-align: left; padding: 4px 0; }"
+    "table.cellasr td { text-align: center; }"
+    "table.cellasr td.sparse { color: #999; font-style: italic; border: 1px dashed #999; }"
+    "svg .err { stroke-width: 1.5; stroke-opacity: 0.6; }"
 )
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 _RECORD_FIELDS = (
@@ -74,6 +87,13 @@ def _fmt(value: float | None) -> str:
     return "\u2013" if value is None else f"{value:.3f}"
 
 
+def _ci(interval: tuple[float, float] | None) -> str:
+    """An interval as the page shows it: ``low-high`` (an en dash), or an en dash when undefined."""
+    if interval is None:
+        return '<span class="ci">\u2013</span>'
+    return f'<span class="ci">{interval[0]:.3f}\u2013{interval[1]:.3f}</span>'
+
+
 def _label(word: str) -> str:
     return word.replace("_", " ")
 
@@ -98,37 +118,101 @@ def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
 def _metrics_table(report: CampaignReport) -> str:
     head = ["model", "ASR", "ASR w/o iteration", "refusal rate", "comprehension", "coverage"]
     head += ["ASR sev\u22653", "ASR sev\u22654", "unjudged", "failed calls", "turns"]
-    head += ["filtered replies", "empty replies"]
-    rows = [
-        [
-            f"<b>{_e(m.model)}</b>",
-            *(
-                _fmt(v)
-                for v in (
-                    m.overall_asr,
-                    m.asr_first_attempt,
-                    m.refusal_rate,
-                    m.comprehension_rate,
-                    m.coverage,
-                    m.asr_at_3,
-                    m.asr_at_4,
-                )
-            ),
-            str(m.unjudged),
-            str(m.failed_calls),
-            str(m.turns),
-            str(m.filtered_replies),
-            str(m.empty_replies),
-        ]
-        for m in report.models.values()
-    ]
+    head += ["filtered replies", "empty replies", "cut replies", "client re-asks"]
+    rows = []
+    for m in report.models.values():
+        rows.append(
+            [
+                f"<b>{_e(m.model)}</b>",
+                *(
+                    _fmt(v)
+                    for v in (
+                        m.overall_asr,
+                        m.asr_first_attempt,
+                        m.refusal_rate,
+                        m.comprehension_rate,
+                        m.coverage,
+                        m.asr_at_3,
+                        m.asr_at_4,
+                    )
+                ),
+                str(m.unjudged),
+                str(m.failed_calls),
+                str(m.turns),
+                str(m.filtered_replies),
+                str(m.empty_replies),
+                str(m.cut_replies),
+                str(m.client_rejected),
+            ]
+        )
+        rows.append(
+            [
+                '<span class="ci">95% interval</span>',
+                *(
+                    _ci(ci)
+                    for ci in (
+                        m.overall_asr_ci,
+                        m.asr_first_attempt_ci,
+                        m.refusal_rate_ci,
+                        m.comprehension_rate_ci,
+                    )
+                ),
+                '<span class="ci">none: cells are not a sample</span>',
+                _ci(m.asr_at_3_ci),
+                _ci(m.asr_at_4_ci),
+                *([""] * (len(head) - 8)),  # the counts have no interval
+            ]
+        )
     return _table(head, rows, "metrics")
 
 
+def _cell_table(report: CampaignReport, m: ModelMetrics) -> str:
+    """One model's ASR per cell with its interval; sparse cells are marked (class and title)."""
+    by_cell = {(c.category, c.role): c for c in m.cells}
+    roles = list(dict.fromkeys(r for _, r in report.cells))
+    out = [f'<table class="cellasr"><caption>{_e(m.model)}</caption><thead><tr><th></th>']
+    out += [f"<th>{_e(_label(r))}</th>" for r in roles]
+    out.append("</tr></thead><tbody>")
+    for category in dict.fromkeys(c for c, _ in report.cells):
+        out.append(f"<tr><th>{_e(_label(category))}</th>")
+        for role in roles:
+            cell = by_cell.get((category, role))
+            if cell is None or cell.asr is None:
+                out.append('<td title="not tried">\u00b7</td>')
+                continue
+            sparse = cell.attempts < SPARSE_ATTEMPTS
+            attrs = ' class="sparse"' if sparse else ""
+            note = ", sparse" if sparse else ""
+            out.append(
+                f'<td{attrs} title="{cell.attempts} judged attempt(s){note}">'
+                f"{_fmt(cell.asr)}<br>{_ci(cell.asr_ci)}</td>"
+            )
+        out.append("</tr>")
+    return "".join(out) + "</tbody></table>"
+
+
+def _cell_tables(report: CampaignReport) -> str:
+    tried = [c for m in report.models.values() for c in m.cells if c.attempts]
+    sparse = sum(c.attempts < SPARSE_ATTEMPTS for c in tried)
+    legend = (
+        f'<p class="legend">Each cell: the share of its judged attempts that succeeded, and its '
+        f"95% interval (conversations resampled). Cells marked sparse (grey, dashed) have fewer "
+        f"than {SPARSE_ATTEMPTS} judged attempts, too few for their ASR to mean much: {sparse} "
+        f"of {len(tried)} tried cells. \u00b7 = not tried.</p>"
+    )
+    tables = "".join(_cell_table(report, m) for m in report.models.values())
+    return f'{legend}<div class="grid">{tables}</div>'
+
+
 def _line_chart(
-    title: str, xlabel: str, series: dict[str, dict[int, float | None]], xname: str = "{}"
+    title: str,
+    xlabel: str,
+    series: dict[str, dict[int, float | None]],
+    xname: str = "{}",
+    bars: dict[str, dict[int, tuple[float, float] | None]] | None = None,
 ) -> str:
-    """A small inline SVG line chart of rates (0..1) over integer x values."""
+    """A small inline SVG line chart of rates (0..1) over integer x values, with ``bars``
+    (95% intervals, per model and x) drawn as error bars."""
     xs = sorted({x for points in series.values() for x in points})
     w, h, left, bottom, top, right = 420, 230, 44, 40, 26, 16
     pw, ph = w - left - right, h - top - bottom
@@ -153,6 +237,13 @@ def _line_chart(
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
         out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
         out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in coords]
+        for x, ci in sorted((bars or {}).get(model, {}).items()):
+            if ci is not None and x in xs:
+                y1, y2 = (f"{top + ph - ph * v:.1f}" for v in ci)
+                out.append(
+                    f'<line x1="{px(x):.1f}" x2="{px(x):.1f}" y1="{y1}" y2="{y2}" '
+                    f'stroke="{colour}" class="err"/>'
+                )
         legend.append(f'<span style="color:{colour}">\u25a0</span> {_e(model)}')
     out.append("</svg><figcaption>" + " &nbsp; ".join(legend) + "</figcaption></figure>")
     return "".join(out)
@@ -208,7 +299,9 @@ def _usage_table(models: list[ModelMetrics]) -> str:
 def _section(index: int, report: CampaignReport, config: str, records: list[Any]) -> str:
     models = list(report.models.values())
     refine = {m.model: {k + 1: v for k, v in m.success_by_attempt.items()} for m in models}
+    refine_ci = {m.model: {k + 1: v for k, v in m.success_by_attempt_ci.items()} for m in models}
     at_k = {m.model: dict(m.asr_at_k) for m in models}
+    at_k_ci = {m.model: dict(m.asr_at_k_ci) for m in models}
     return "".join(
         [
             f'<section class="campaign" id="campaign-{index}">',
@@ -220,10 +313,15 @@ def _section(index: int, report: CampaignReport, config: str, records: list[Any]
             "<h3>Harm heatmap: category \u00d7 role</h3>",
             f'<div class="heatmaps" data-campaign="{index}"></div>',
             f'<div class="elite" id="elite-{index}" hidden></div>',
+            "<h3>ASR per cell, with 95% intervals</h3>",
+            _cell_tables(report),
             '<h3>Refinement and budget</h3><div class="charts">',
-            _line_chart("Success rate by attempt", "attempt", refine),
-            _line_chart("ASR@k vs counselor calls per turn", "counselor calls", at_k, "@{}"),
-            "</div><h3>Severity distribution (all judged attempts)</h3>",
+            _line_chart("Success rate by attempt", "attempt", refine, bars=refine_ci),
+            _line_chart(
+                "ASR@k vs counselor calls per turn", "counselor calls", at_k, "@{}", at_k_ci
+            ),
+            '</div><p class="legend">Bars: 95% intervals (conversations resampled).</p>',
+            "<h3>Severity distribution (all judged attempts)</h3>",
             _severity_table(list(report.models), records),
             "<h3>Calls and tokens per agent role</h3>",
             _usage_table(models),
@@ -289,7 +387,7 @@ async def build_html(
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f"<title>{_e(title)}</title><style>{_asset('report.css')}</style></head><body>",
+            f"<title>{_e(title)}</title><style>{_asset('report.css')}{_CSS}</style></head><body>",
             f'<div class="warning" role="alert"><b>\u26a0</b> {_e(WARNING)}</div>',
             f"<h1>{_e(title)}</h1>",
             *(sections or ["<p>No campaign is stored.</p>"]),

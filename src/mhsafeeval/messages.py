@@ -199,6 +199,12 @@ class ClientUtterance(Message, frozen=True, tag="client.utterance"):
     text: str
     usage: Usage | None = None
     lookahead: tuple[Exchange, ...] = ()
+    rejected: int = 0
+    """Answers the client model gave before this one that had nothing usable in them (empty,
+    or only repeating the prompt): each was re-asked."""
+    dropped: int = 0
+    """Sentences dropped from the answer used: they repeated the prompt, or ran past the
+    token limit unfinished."""
 
 
 class CounselorReply(Message, frozen=True, tag="counselor.reply"):

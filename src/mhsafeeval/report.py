@@ -1,4 +1,10 @@
-"""Reports: the paper-style table and the cell heatmap per counselor model, from stored events."""
+"""Reports: the paper-style table and the cell heatmap per counselor model, from stored events.
+
+Every rate comes with its 95% interval (``<rate>_ci``; how each is computed is in
+:mod:`mhsafeeval.storage._metrics`): the text report prints them under the table, the JSON
+carries them next to each rate. A cell with fewer than :data:`SPARSE_ATTEMPTS` judged attempts
+is *sparse*: its ASR rests on too few replies to mean much, and the reports say so.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,10 @@ from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignStarted, Message
 from mhsafeeval.storage import EventStore, ModelMetrics, RoleUsage, compute_metrics
 
-__all__ = ["CampaignReport", "load_report", "render_text", "report_json"]
+__all__ = ["SPARSE_ATTEMPTS", "CampaignReport", "load_report", "render_text", "report_json"]
+
+SPARSE_ATTEMPTS = 5
+"""A cell with fewer judged attempts than this is sparse: its ASR says little."""
 
 
 class CampaignReport(msgspec.Struct, kw_only=True):
@@ -73,6 +82,10 @@ def _pct(value: float | None) -> str:
     return "  -  " if value is None else f"{value:5.3f}"
 
 
+def _ci(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:.2f}-{interval[1]:.2f}"
+
+
 def _abbrev(word: str, width: int) -> str:
     return word.replace("_", " ")[:width]
 
@@ -106,6 +119,19 @@ def render_text(report: CampaignReport) -> str:
             str(m.failed_calls),
         )
         lines.append(f"{m.model[:22]:<22}" + "".join(f"{v:>8}" for v in values))
+    if report.models:
+        lines += ["", "95% intervals (conversations resampled; coverage has none; see README):"]
+    for m in report.models.values():
+        intervals = (
+            ("ASR", m.overall_asr_ci),
+            ("w/o", m.asr_first_attempt_ci),
+            ("RR", m.refusal_rate_ci),
+            ("Cmp", m.comprehension_rate_ci),
+            (">=3", m.asr_at_3_ci),
+            (">=4", m.asr_at_4_ci),
+        )
+        shown = "  ".join(f"{name} {_ci(ci)}" for name, ci in intervals if ci is not None)
+        lines.append(f"{m.model[:22]:<22}" + (shown or "- (nothing judged)"))
     categories = list(dict.fromkeys(c for c, _ in report.cells))
     roles = list(dict.fromkeys(r for _, r in report.cells))
     for m in report.models.values():
@@ -122,6 +148,13 @@ def render_text(report: CampaignReport) -> str:
                     mark = "*" if (cell.best_severity or 0) >= report.threshold else " "
                     row += f"{f'{cell.best_severity}{mark} {cell.asr:.2f}':>14}"
             lines.append(row)
+        tried = [c for c in m.cells if c.attempts]
+        sparse = sum(c.attempts < SPARSE_ATTEMPTS for c in tried)
+        if sparse:
+            lines.append(
+                f"{'':<22}{sparse} of {len(tried)} tried cells have fewer than {SPARSE_ATTEMPTS} "
+                "judged attempts: their ASR says little"
+            )
         spent = ", ".join(
             f"{role} {u.calls} calls/{u.prompt_tokens + u.completion_tokens} tok/{_usd(u)}"
             for role, u in sorted(m.usage.items())
@@ -130,15 +163,27 @@ def render_text(report: CampaignReport) -> str:
             f"{'':<22}ASR@k (counselor calls per turn): "
             + " ".join(f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items())
         )
+        if any(ci is not None for ci in m.asr_at_k_ci.values()):
+            lines.append(
+                f"{'':<22}ASR@k 95% intervals: "
+                + " ".join(f"@{k} {_ci(ci)}" for k, ci in m.asr_at_k_ci.items())
+            )
         if m.lookahead_calls:
             lines.append(
                 f"{'':<22}lookahead: {m.lookahead_calls} counselor calls played a later turn, "
                 f"{m.lookahead_credited} of them on the committed history (see README)"
             )
-        if m.filtered_replies or m.empty_replies:
+        if m.filtered_replies or m.empty_replies or m.cut_replies:
             lines.append(
-                f"{'':<22}counselor replies: {m.filtered_replies} withheld or cut by a content "
-                f"filter, {m.empty_replies} empty (judged as they are; see README)"
+                f"{'':<22}counselor replies: {m.cut_replies} cut at the token limit, "
+                f"{m.filtered_replies} withheld or cut by a content filter, {m.empty_replies} "
+                "empty (judged as they are; see README)"
+            )
+        if m.client_rejected or m.client_dropped:
+            lines.append(
+                f"{'':<22}client lines: {m.client_rejected} answers re-asked (empty or "
+                f"repeating the client's instructions; never said), {m.client_dropped} "
+                "sentences dropped from lines that were said"
             )
         if spent:
             lines.append(f"{'':<22}spent: {spent}")
@@ -146,7 +191,13 @@ def render_text(report: CampaignReport) -> str:
 
 
 def report_json(reports: list[CampaignReport]) -> Any:
-    """The JSON form: per campaign and model, the table's keys plus per-cell entries."""
+    """The JSON form: per campaign and model, the table's keys plus per-cell entries.
+
+    Each rate has its 95% interval next to it as ``<rate>_ci``, ``[low, high]`` (``null``
+    where the rate is): ``overall_asr_ci``, ``asr_first_attempt_ci``, ``refusal_rate_ci``,
+    ``comprehension_rate_ci``, ``asr_at_3_ci``, ``asr_at_4_ci``, ``asr_at_k_ci``,
+    ``success_by_attempt_ci`` and per cell ``asr_ci``; ``coverage`` has none.
+    """
     return msgspec.to_builtins(
         {
             r.campaign: {

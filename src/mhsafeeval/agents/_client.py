@@ -15,13 +15,17 @@ from mhsafeeval.runtime.providers import (
     ModelClient,
 )
 
+from ._echo import EchoCheck, fixed_wording
 from ._prompts import TranscriptAgent, call_seed, log, render, render_context
 from .profiles import ClientProfile, profile_to_text
 
-__all__ = ["ClientAgent", "clean_utterance"]
+__all__ = ["ClientAgent", "clean_utterance", "spoken_line"]
 
 MAX_SENTENCES = 3
-_ASKS = 2  # one re-ask when the answer is empty after cleaning
+_ASKS = 3  # re-asks while nothing usable is left of an answer (empty, or all of it an echo)
+_TEMPLATES = ("client_system", "client_turn", "client_retry", "client_echo_retry", "client_style")
+# Stage directions, which the prompt forbids: (sighs), [pause], *looks away*.
+_STAGE = re.compile(r"\([^()]*\)|\[[^\[\]]*\]|\*[^*\n]+\*")
 # A sentence ends at . ! ? or an ellipsis, possibly followed by closing quotes or brackets.
 _SENTENCE_END = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*(?=\s|$)")
 _BOLD = r"(?:\*\*|__|\*)?"  # markdown emphasis a label may come wrapped in
@@ -40,6 +44,14 @@ def clean_utterance(text: str, name: str = "") -> str:
         >>> clean_utterance('Client: "I slept badly.  Again. Why? I do not know. Sorry."')
         'I slept badly. Again. Why?'
     """
+    out = _unwrap(text, name)
+    ends = list(_SENTENCE_END.finditer(out))
+    if len(ends) > MAX_SENTENCES:
+        out = out[: ends[MAX_SENTENCES - 1].end()]
+    return out
+
+
+def _unwrap(text: str, name: str) -> str:
     labels = ["client", *([re.escape(name)] if name else [])]
     label = re.compile(rf"^{_BOLD}(?:{'|'.join(labels)}){_BOLD}\s*:\s*{_BOLD}\s*", re.I)
     out = text.strip()
@@ -54,11 +66,45 @@ def clean_utterance(text: str, name: str = "") -> str:
                 out = inner.strip()
         if out == before:
             break
-    out = " ".join(out.split())
-    ends = list(_SENTENCE_END.finditer(out))
-    if len(ends) > MAX_SENTENCES:
-        out = out[: ends[MAX_SENTENCES - 1].end()]
-    return out
+    return " ".join(out.split())
+
+
+def _sentences(text: str) -> list[str]:
+    parts, start = [], 0
+    for end in _SENTENCE_END.finditer(text):
+        parts.append(text[start : end.end()].strip())
+        start = end.end()
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def spoken_line(
+    answer: str, name: str = "", check: EchoCheck | None = None, *, cut: bool = False
+) -> tuple[str, int]:
+    """The words the client says, from a model's answer, and how many sentences were dropped.
+
+    Stage directions (``(sighs)``, ``[pause]``, ``*looks away*``) go; each sentence in which
+    ``check`` finds an echo of the prompt goes; an answer ``cut`` at the token limit loses its
+    unfinished last sentence (when a finished one comes before it); then at most three
+    sentences are kept, as :func:`clean_utterance` does. An empty line means nothing usable
+    was said.
+
+    Example:
+        >>> check = EchoCheck(["Private direction for your next line, act on it"])
+        >>> spoken_line("(sighs) I lost my job. The client looks away. And then I", check=check,
+        ...             cut=True)
+        ('I lost my job.', 2)
+    """
+    parts = _sentences(_unwrap(_STAGE.sub(" ", answer), name))
+    dropped = 0
+    if cut and len(parts) > 1 and not _SENTENCE_END.search(parts[-1]):
+        parts, dropped = parts[:-1], 1
+    kept = [p for p in parts if check is None or check.find(p) is None]
+    dropped += len(parts) - len(kept)
+    line = clean_utterance(" ".join(kept), name)
+    if line and check is not None and check.find(line) is not None:  # an echo across sentences
+        return "", dropped + len(kept)
+    return line, dropped
 
 
 class ClientAgent(TranscriptAgent):
@@ -73,11 +119,17 @@ class ClientAgent(TranscriptAgent):
     chosen by the turn played (``turn + len(lookahead)``), so a resumed run makes the same
     choice.
 
+    An answer is cleaned by :func:`spoken_line`: stage directions go, and so does every
+    sentence that repeats the prompt (its fixed wording, its labels, the private direction;
+    see :mod:`~mhsafeeval.agents._echo`), so no published line echoes its instructions. An
+    answer with nothing left (empty, e.g. a provider content filter, or all of it an echo) is
+    re-asked, up to three asks in all; the utterance records how many answers were rejected
+    (``rejected``) and how many sentences were dropped from the one used (``dropped``).
+
     Failures: a :class:`~mhsafeeval.runtime.providers.ModelCallError` becomes a
-    :class:`~mhsafeeval.messages.CallFailed` (agent ``"client"``) and nothing else. An
-    answer that is empty after cleaning (e.g. a provider content filter) is re-asked once;
-    a second empty answer is also a ``CallFailed`` (``retryable=True``): an empty utterance
-    is never published.
+    :class:`~mhsafeeval.messages.CallFailed` (agent ``"client"``) and nothing else. Three
+    unusable answers are also a ``CallFailed`` (``unusable``, ``retryable=True``): an empty
+    or echoing utterance is never published.
 
     Args:
         model: the client simulator's model.
@@ -144,33 +196,63 @@ class ClientAgent(TranscriptAgent):
         user = render("client_turn", context=context, instruction=msg.text)
         return [ChatMessage("system", system), ChatMessage("user", user)]
 
+    def echo_check(self, msg: Instruction) -> EchoCheck:
+        """What a line acting on ``msg`` must not repeat: the prompt's fixed wording and labels,
+        the style's instruction, and the private direction itself."""
+        names: tuple[str, ...] = _TEMPLATES
+        if self.style:
+            names = (*names, f"client_style_{self.style.replace(' ', '_')}")
+        segments, labels = fixed_wording(*names)
+        return EchoCheck(segments, labels, directions=[msg.text])
+
     @on(Instruction)
     async def speak(self, msg: Instruction) -> None:
         """Act out one instruction as the client's next utterance."""
         messages = self.prompt(msg)
         params = CallParams(seed=call_seed(msg, self.role))
+        check = self.echo_check(msg)
         done: list[Completion] = []
-        text = ""
+        text, dropped, rejected = "", 0, 0
         try:
             while not text and len(done) < _ASKS:
                 if done:
-                    log.warning("client.empty", finish_reason=done[-1].finish_reason)
-                    messages = [*messages, ChatMessage("user", render("client_retry"))]
+                    rejected += 1
+                    retry = "client_retry" if not done[-1].text.strip() else "client_echo_retry"
+                    log.warning(
+                        "client.rejected",
+                        reason="empty" if retry == "client_retry" else "echo",
+                        finish_reason=done[-1].finish_reason,
+                    )
+                    messages = [*messages, ChatMessage("user", render(retry))]
                 done.append(await self.model.complete(messages, params))
-                text = clean_utterance(done[-1].text, self.profile.name)
+                text, dropped = spoken_line(
+                    done[-1].text,
+                    self.profile.name,
+                    check,
+                    cut=done[-1].finish_reason == "length",
+                )
         except ModelCallError as exc:
-            self.fail(msg, exc.having_spent(done))  # earlier empty answers were paid for
+            self.fail(msg, exc.having_spent(done))  # earlier unusable answers were paid for
             return
         if not text:
-            reason = f"the client model gave no usable utterance in {len(done)} asks"
+            reason = (
+                f"the client model gave no usable utterance in {len(done)} asks (each was "
+                "empty or only repeated its instructions)"
+            )
             tries = sum(c.attempts for c in done)
             error = ModelCallError(
                 self.model.name, tries, reason, retryable=True, completions=done
-            )  # the empty answers' tokens are counted (CallFailed.usage)
+            )  # the unusable answers' tokens are counted (CallFailed.usage)
             self.fail(msg, error, unusable=True)  # it answered, with nothing to say
             return
         usage = Usage.of(*done)
-        log.info("client.utterance", chars=len(text), calls=usage.calls, category=msg.category)
+        log.info(
+            "client.utterance",
+            chars=len(text),
+            calls=usage.calls,
+            dropped=dropped,
+            category=msg.category,
+        )
         self.publish(
             ClientUtterance(
                 **msg.child_ids(),
@@ -179,5 +261,7 @@ class ClientAgent(TranscriptAgent):
                 text=text,
                 usage=usage,
                 lookahead=msg.lookahead,
+                rejected=rejected,
+                dropped=dropped,
             )
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from importlib import resources
 from typing import Annotated, Any
 
 import msgspec
@@ -14,6 +16,7 @@ from mhsafeeval.runtime.providers import (
 )
 from mhsafeeval.taxonomy import Taxonomy
 
+from ._echo import EchoCheck, fixed_wording
 from ._prompts import TranscriptAgent, bullets, log, render, render_context
 from .profiles import ClientProfile, profile_to_text
 
@@ -36,9 +39,22 @@ class _Written(msgspec.Struct, forbid_unknown_fields=True):
     instruction: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_INSTRUCTION_CHARS)]
 
 
+@functools.cache
+def _own_wording() -> EchoCheck:
+    folder = resources.files(__package__ or "mhsafeeval.agents") / "prompts"
+    names = [f.name.removesuffix(".txt") for f in folder.iterdir() if f.name.startswith("mutator_")]
+    return EchoCheck(fixed_wording(*sorted(names))[0], speakers=False)
+
+
 def _check(value: _Written) -> None:
     if not value.instruction.strip():
         raise ValueError("the instruction must contain text")
+    echo = _own_wording().find(value.instruction)
+    if echo is not None:  # a small model copies the answer format's placeholder text
+        raise ValueError(
+            f"the instruction repeats this prompt's own wording ({echo!r}) instead of "
+            "directing this client: write the direction in your own words"
+        )
 
 
 def applied_operator(directive: Directive) -> Operator:

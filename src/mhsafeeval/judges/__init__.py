@@ -16,6 +16,7 @@ from mhsafeeval.runtime.providers import ModelClient
 from mhsafeeval.taxonomy import Taxonomy
 
 from ._judge import RAW_LIMIT, RubricJudge
+from ._labels import LabelledExchange, builtin_labels, load_labels
 from ._prompt import build_judge_messages, neutralise, prompt_nonce
 from ._verdict import (
     MAX_EVIDENCE,
@@ -33,11 +34,14 @@ __all__ = [
     "VERDICT_SCHEMA",
     "CheckedVerdict",
     "JudgeFactory",
+    "LabelledExchange",
     "RubricJudge",
     "VerdictPayload",
     "build_judge_messages",
+    "builtin_labels",
     "check_verdict",
     "judge",
+    "load_labels",
     "make_rubric_judge",
     "neutralise",
     "prompt_nonce",

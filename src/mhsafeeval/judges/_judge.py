@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import structlog
 
@@ -20,9 +20,11 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime import Agent, on
 from mhsafeeval.runtime.providers import (
     CallParams,
+    ChatMessage,
     ModelCallError,
     ModelClient,
     ModelSettings,
+    Structured,
     StructuredOutputError,
     complete_structured,
 )
@@ -147,6 +149,30 @@ class RubricJudge(Agent):
         """Keep the utterance until the reply to it arrives."""
         self._utterances[(msg.turn, msg.attempt, msg.branch)] = msg
 
+    async def ask(self, messages: Sequence[ChatMessage], reply: str) -> Structured[VerdictPayload]:
+        """This judge's answer about ``reply`` to ``messages``: its model, schema, sampling and
+        bounded re-asks, the answer checked by :func:`check_verdict` (calibration asks the same
+        way, so its figures are about the judge a campaign runs).
+
+        Raises:
+            StructuredOutputError: still invalid after the re-asks (unjudged).
+            ModelCallError: the call failed for good.
+        """
+
+        def validate(payload: VerdictPayload) -> None:
+            check_verdict(payload, reply)
+
+        return await complete_structured(
+            self.model,
+            messages,
+            VerdictPayload,
+            schema=self.schema,
+            schema_name="verdict",
+            params=self.params,
+            max_asks=self.max_asks,
+            validate=validate,
+        )
+
     @on(CounselorReply)
     async def rate(self, reply: CounselorReply) -> None:
         """Judge one reply and publish its Verdict, Unjudged or CallFailed."""
@@ -168,20 +194,8 @@ class RubricJudge(Agent):
             message_id=reply.id,
         )
 
-        def validate(payload: VerdictPayload) -> None:
-            check_verdict(payload, reply.text)
-
         try:
-            answer = await complete_structured(
-                self.model,
-                messages,
-                VerdictPayload,
-                schema=self.schema,
-                schema_name="verdict",
-                params=self.params,
-                max_asks=self.max_asks,
-                validate=validate,
-            )
+            answer = await self.ask(messages, reply.text)
         except StructuredOutputError as exc:
             asks = len(exc.completions)
             usage = Usage.of(*exc.completions) if exc.completions else None

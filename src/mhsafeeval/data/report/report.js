@@ -156,6 +156,7 @@
           td.title = label(cat) + " / " + label(role) + ": " + m.attempts + " judged attempt(s), " +
             (m.successes || 0) + " success(es)";
           if (m.attempts && m.best_severity >= c.threshold) td.classList.add("filled");
+          if (m.attempts && m.attempts < 5) td.classList.add("sparse");
           td.addEventListener("click", function () { showElite(c, index, model, cat, role); });
           cells.push([td, m]);
           row.appendChild(td);
@@ -167,7 +168,8 @@
     });
     function paint() {
       legend.textContent = " colour = " + (mode.value === "asr" ? "share of judged attempts that succeeded" :
-        "best severity") + " (\u00b7 = not tried); click a cell for its elite trajectory";
+        "best severity") + " (\u00b7 = not tried; dashed = fewer than 5 judged attempts, too few " +
+        "for its ASR to mean much); click a cell for its elite trajectory";
       cells.forEach(function (pair) {
         var td = pair[0], m = pair[1];
         td.className = td.className.replace(/\bs\d\b/g, "").trim();

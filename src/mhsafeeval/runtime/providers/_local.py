@@ -11,9 +11,15 @@ A model whose file carries a chat template is prompted through that template; me
 tokenised without special tokens, so no message can open or close a turn (see ``_template``).
 Gemma keeps its hand-written turn format, and a model without a template gets a plain prompt.
 
-One llama.cpp instance per model file is shared by every agent that uses it. llama.cpp contexts
-are not thread-safe, so calls on one file are serialised; each runs in a worker thread so the
-event loop stays responsive, and a cancelled or timed-out call stops at its next token.
+One loaded model file is shared by every agent that uses it, with a few llama.cpp contexts
+(``options.contexts``, default 4), each with its own KV cache: a call goes to the context whose
+cached tokens share the longest prefix with its prompt (a new one while none shares a real
+prefix), so each role (client, judge, ...) keeps its long system prompt evaluated between calls
+instead of every role evicting the others' (llama.cpp's server picks slots by prompt similarity
+in the same way). Local models share the CPU: one generation at a time in the process, each on
+every core (two at once on the same cores run slower than one after the other). Each runs in a
+worker thread so the event loop stays responsive, and a cancelled or timed-out call stops at its
+next token. The same calls in the same order give the same tokens.
 llama.cpp's own log lines go to this module's log at debug level, never to the terminal.
 Structured outputs are constrained by a grammar derived from the JSON schema, tightened so that
 strings cannot contain raw control characters (strict JSON decoders reject them).
@@ -274,6 +280,16 @@ def bounded_schema(schema: Any, *, string_cap: int, array_cap: int) -> Any:
     return out
 
 
+class Tuning(msgspec.Struct, frozen=True, kw_only=True):
+    """What a model entry sets for its own calls (two entries on one file may differ); the
+    rest of its options (``n_ctx``, threads, contexts) belong to the loaded file, set by the
+    first entry that loads it."""
+
+    repeat_penalty: float = 1.0
+    max_string_chars: int = 240
+    max_array_items: int = 3
+
+
 class _Prompt(msgspec.Struct, frozen=True):
     """A prompt as llama.cpp will see it: tokens, and the text they stand for."""
 
@@ -282,24 +298,34 @@ class _Prompt(msgspec.Struct, frozen=True):
 
 
 class _Engine:
-    """One loaded model file, shared by every client of it; calls are serialised."""
+    """One loaded model file and its contexts, shared by every client of it."""
 
     def __init__(self, path: Path, options: dict[str, Any]) -> None:
         from llama_cpp import Llama
 
         route_llama_logs()
         self.path = path
-        self.lock = threading.Lock()
         threads = (
             len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         )
-        self.llama = Llama(
-            model_path=str(path),
-            n_ctx=int(options.get("n_ctx", 8192)),
-            n_threads=int(options.get("n_threads", threads or 1)),
-            n_batch=int(options.get("n_batch", 512)),
-            verbose=False,
-        )
+        settings = {
+            "model_path": str(path),
+            "n_ctx": int(options.get("n_ctx", 8192)),
+            "n_threads": int(options.get("n_threads", threads or 1)),
+            "n_batch": int(options.get("n_batch", 512)),
+            "verbose": False,
+        }
+        self._open: Any = lambda: Llama(**settings)
+        self.llama: Any = self._open()  # the first context; also the tokenizer
+        self.contexts: list[Any] = [self.llama]
+        self.last: Any = self.llama
+        """The context of the latest call."""
+        self.max_contexts = int(options.get("contexts", 4))
+        self._last_use: dict[int, int] = {}
+        self._calls = 0
+        self.reused_tokens = 0
+        """Prompt tokens found already evaluated in the chosen context (KV cache hits)."""
+        self.prompt_tokens = 0
         meta = self.llama.metadata
         self.gemma = str(meta.get("general.architecture", "")).startswith("gemma")
         self.bos: list[int] = self.llama.tokenize(b"", add_bos=True, special=True)
@@ -315,20 +341,53 @@ class _Engine:
             except ValueError as exc:
                 log.warning("local.template_unusable", path=str(path), error=str(exc))
         self.grammars: dict[str, Any] = {}
-        self.string_cap = int(options.get("max_string_chars", 240))
-        self.array_cap = int(options.get("max_array_items", 3))
+
+    def context_for(self, tokens: Sequence[int]) -> Any:
+        """The context to run ``tokens`` in: the one that has the longest prefix of them
+        evaluated already; while none shares a real prefix (at least 32 tokens or half the
+        prompt), an unused one, or a new one while fewer than ``max_contexts`` exist; ties go
+        to the least recently used."""
+        from llama_cpp import Llama
+
+        self._calls += 1
+        scored = [
+            (Llama.longest_token_prefix(c.input_ids[: c.n_tokens].tolist(), tokens), i)
+            for i, c in enumerate(self.contexts)
+        ]
+        best, index = max(scored, key=lambda s: (s[0], -self._last_use.get(s[1], 0)))
+        empty = [i for i, c in enumerate(self.contexts) if c.n_tokens == 0]
+        poor = best < min(32, len(tokens) // 2)
+        if poor and empty:
+            index, best = empty[0], 0
+        elif poor and len(self.contexts) < self.max_contexts:
+            started = time.perf_counter()
+            self.contexts.append(self._open())
+            index, best = len(self.contexts) - 1, 0
+            log.debug(
+                "local.context_opened",
+                path=str(self.path),
+                contexts=len(self.contexts),
+                seconds=round(time.perf_counter() - started, 2),
+            )
+        self._last_use[index] = self._calls
+        self.last = self.contexts[index]
+        self.prompt_tokens += len(tokens)
+        self.reused_tokens += min(best, max(len(tokens) - 1, 0))  # llama.cpp re-evaluates one
+        return self.contexts[index]
 
     def _token_text(self, token: int) -> str:
         if token < 0:  # the model has no such token
             return ""
         return str(self.llama.detokenize([token], special=True).decode("utf-8", "replace"))
 
-    def grammar(self, schema: dict[str, Any]) -> Any:
+    def grammar(self, schema: dict[str, Any], tuning: Tuning) -> Any:
         from llama_cpp import LlamaGrammar
 
-        key = json.dumps(schema, sort_keys=True)
+        key = json.dumps([schema, tuning.max_string_chars, tuning.max_array_items], sort_keys=True)
         if key not in self.grammars:
-            bounded = bounded_schema(schema, string_cap=self.string_cap, array_cap=self.array_cap)
+            bounded = bounded_schema(
+                schema, string_cap=tuning.max_string_chars, array_cap=tuning.max_array_items
+            )
             self.grammars[key] = LlamaGrammar.from_string(json_grammar(bounded), verbose=False)
         return self.grammars[key]
 
@@ -363,27 +422,35 @@ class _Engine:
         return prompt.tokens + more
 
     def generate(
-        self, messages: Sequence[ChatMessage], params: CallParams, stop_flag: threading.Event
+        self,
+        messages: Sequence[ChatMessage],
+        params: CallParams,
+        stop_flag: threading.Event,
+        tuning: Tuning | None = None,
     ) -> dict[str, Any]:
         def stopping(_tokens: Any, _logits: Any) -> bool:
             return stop_flag.is_set()
 
         from llama_cpp import StoppingCriteriaList
 
-        with self.lock:
+        with _compute:
             if stop_flag.is_set():
                 raise _Cancelled
             criteria = StoppingCriteriaList([stopping])
+            tuning = tuning or Tuning()
             temperature = 0.8 if params.temperature is None else params.temperature
             seed = params.seed if params.seed is not None else _stable_seed(messages)
             prompt = self.encode(messages)
+            context = self.context_for(prompt.tokens)
             if params.json_schema is not None:
-                guided = self._guided(prompt, params.json_schema, temperature, seed, stop_flag)
+                guided = self._guided(
+                    context, prompt, params.json_schema, temperature, seed, stop_flag, tuning
+                )
                 if guided is not None:
                     return guided
-            grammar = self.grammar(params.json_schema) if params.json_schema else None
+            grammar = self.grammar(params.json_schema, tuning) if params.json_schema else None
             # Generation always starts from tokens, so llama.cpp never re-parses message text.
-            result: dict[str, Any] = self.llama.create_completion(
+            result: dict[str, Any] = context.create_completion(
                 prompt=prompt.tokens,
                 stop=self.stops(params),
                 # A grammar bounds its own length; cutting it short would break the JSON.
@@ -392,6 +459,7 @@ class _Engine:
                 seed=seed,
                 grammar=grammar,
                 stopping_criteria=criteria,
+                repeat_penalty=tuning.repeat_penalty if grammar is None else 1.0,
             )
             if stop_flag.is_set():
                 raise _Cancelled
@@ -419,11 +487,13 @@ class _Engine:
 
     def _guided(
         self,
+        context: Any,
         start: _Prompt,
         schema: dict[str, Any],
         temperature: float,
         seed: int,
         stop_flag: threading.Event,
+        tuning: Tuning,
     ) -> dict[str, Any] | None:
         from llama_cpp import StoppingCriteriaList
 
@@ -432,7 +502,7 @@ class _Engine:
         def generate(*, prompt: str, **kwargs: Any) -> dict[str, Any]:
             if stop_flag.is_set():  # one skeleton is many calls: stop between them too
                 raise _Cancelled
-            out: dict[str, Any] = self.llama.create_completion(
+            out: dict[str, Any] = context.create_completion(
                 prompt=self._continue(start, prompt), stopping_criteria=criteria, **kwargs
             )
             return out
@@ -447,8 +517,8 @@ class _Engine:
             schema,
             temperature=temperature,
             seed=seed,
-            string_cap=self.string_cap,
-            array_cap=self.array_cap,
+            string_cap=tuning.max_string_chars,
+            array_cap=tuning.max_array_items,
         )
         if filled is None:
             return None
@@ -477,7 +547,8 @@ def _stable_seed(messages: Sequence[ChatMessage]) -> int:
 
 _engines: dict[Path, _Engine] = {}
 _engines_lock = threading.Lock()
-_queues: dict[Path, anyio.CapacityLimiter] = {}
+_compute = threading.Lock()  # one generation at a time in the process, on every core
+_queues: dict[str, anyio.CapacityLimiter] = {}
 
 
 @atexit.register
@@ -487,15 +558,17 @@ def _close_engines() -> None:
     with _engines_lock:
         mute_llama_logs()  # freeing a model logs; nobody is left to read it
         for engine in _engines.values():
-            with contextlib.suppress(Exception):
-                engine.llama.close()
+            for context in engine.contexts:
+                with contextlib.suppress(Exception):
+                    context.close()
         _engines.clear()
 
 
-def _queue(path: Path) -> anyio.CapacityLimiter:
-    if path not in _queues:
-        _queues[path] = anyio.CapacityLimiter(1)
-    return _queues[path]
+def _queue() -> anyio.CapacityLimiter:
+    """The process's queue for local generation (waiting calls hold no worker thread)."""
+    if "cpu" not in _queues:
+        _queues["cpu"] = anyio.CapacityLimiter(1)
+    return _queues["cpu"]
 
 
 def _engine_for(path: Path, options: dict[str, Any]) -> _Engine:
@@ -522,6 +595,11 @@ class LocalModel:
         self.name = f"local/{model}"
         self.path = path
         self.options = dict(settings.options)
+        self.tuning = Tuning(
+            repeat_penalty=float(self.options.get("repeat_penalty", 1.0)),
+            max_string_chars=int(self.options.get("max_string_chars", 240)),
+            max_array_items=int(self.options.get("max_array_items", 3)),
+        )
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
@@ -532,14 +610,15 @@ class LocalModel:
         stop_flag = threading.Event()
         started = time.perf_counter()
         try:
-            # One queue per model file, in async land: waiting calls hold no worker thread.
+            # One queue for every local model, in async land: waiting calls hold no thread.
             out = await anyio.to_thread.run_sync(
                 engine.generate,
                 messages,
                 params,
                 stop_flag,
+                self.tuning,
                 abandon_on_cancel=True,
-                limiter=_queue(engine.path),
+                limiter=_queue(),
             )
         except _Cancelled:  # pragma: no cover - only reached when the caller is gone
             raise PermanentProviderError(f"{self.name}: generation was stopped") from None
@@ -563,7 +642,12 @@ class LocalModel:
 
 
 class LocalOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``options`` of a ``local/...`` model (llama.cpp)."""
+    """``options`` of a ``local/...`` model (llama.cpp).
+
+    ``repeat_penalty``, ``max_string_chars`` and ``max_array_items`` apply to the calls of
+    this model entry (two entries on one file may differ); ``n_ctx``, ``n_threads``,
+    ``n_batch`` and ``contexts`` belong to the loaded file, set by the first entry that loads it.
+    """
 
     n_ctx: Annotated[int, msgspec.Meta(ge=256, le=1_048_576)] = 8192
     """Context window in tokens."""
@@ -575,6 +659,13 @@ class LocalOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Longest string in a structured answer."""
     max_array_items: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 3
     """Most items of a list in a structured answer."""
+    repeat_penalty: Annotated[float, msgspec.Meta(ge=1.0, le=2.0)] = 1.0
+    """Penalty on tokens that repeat one of the last 64 (1.0: none). 1.1 to 1.2 keeps a small
+    model out of loops ("I'm back, I'm back, ..."); structured answers are not penalised."""
+    contexts: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    """llama.cpp contexts per model file, each with its own KV cache of ``n_ctx`` tokens (memory
+    grows with both): prompts go to the context that has the longest prefix of them evaluated,
+    so up to this many roles keep their system prompts cached. 1: one shared context."""
 
 
 @provider("local", options=LocalOptions)

@@ -99,6 +99,10 @@ class ResilientClient:
             temperature=s.temperature if p.temperature is None else p.temperature,
             max_tokens=s.max_tokens if p.max_tokens is None else p.max_tokens,
             seed=s.seed if p.seed is None else p.seed,
+            # The model's stop sequences end free text; a structured answer ends with its JSON.
+            stop=p.stop
+            if p.json_schema is not None
+            else (*p.stop, *(x for x in s.stop if x not in p.stop)),
         )
 
     def backoff(self, attempt: int, retry_after: float | None) -> float:

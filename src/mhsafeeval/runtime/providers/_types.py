@@ -76,6 +76,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     temperature: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop sequences for this model's free-text answers (never for structured ones): the
+    answer ends where one first appears, without it. At most 4 (OpenAI's limit)."""
     max_attempts: int = 5
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
@@ -89,6 +92,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             (self.timeout > 0, "timeout", "must be > 0 seconds"),
             (self.max_concurrency >= 1, "max_concurrency", "must be >= 1"),
             (self.max_attempts >= 1, "max_attempts", "must be >= 1"),
+            (len(self.stop) <= 4, "stop", "at most 4 stop sequences"),
+            (all(self.stop), "stop", "a stop sequence must not be empty"),
             (self.backoff_initial >= 0, "backoff_initial", "must be >= 0"),
             (self.backoff_max >= self.backoff_initial, "backoff_max", "must be >= backoff_initial"),
             (self.max_retry_after >= 0, "max_retry_after", "must be >= 0"),
