@@ -47,6 +47,7 @@ max_attempts = 3
 conversations_per_profile = 2
 concurrency = 2
 profile_ids = ["grief-widower", "panic-disorder-bus-driver"]
+style = "guarded"
 
 """ + scripted_models(counselors={"hostile": "hostile-counselor", "plain": "demo-counselor"})
 
@@ -218,6 +219,8 @@ def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) ->
             outcome.select_option("success")
             hits = int(count.get_attribute("data-attempts") or "-1")
             assert 0 < hits < total
+            summaries = page.locator("details.conversation summary").all_inner_texts()
+            assert summaries and all("style: guarded" in t for t in summaries)  # the style played
             page.locator("details.conversation summary").first.click()
             # The attempts are drawn on the details' toggle event, which the browser fires
             # after the click returns: wait for them (a timeout fails the test).

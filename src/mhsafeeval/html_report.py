@@ -51,6 +51,7 @@ _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#
 _RECORD_FIELDS = (
     "counselor_model",
     "profile_id",
+    "style",
     "conversation",
     "turn",
     "attempt",

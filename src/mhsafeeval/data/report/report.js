@@ -240,6 +240,7 @@
         var worst = Math.max.apply(null, rows.map(function (a) { return a.severity || 0; }));
         var d = el("details", "conversation", [el("summary", "", [
           conv + " \u00b7 " + first.counselor_model + " \u00b7 " + (first.profile_id || "?") + " \u00b7 " +
+          (first.style ? "style: " + first.style + " \u00b7 " : "") +
           rows.length + " attempt(s) \u00b7 worst severity " + (worst || "\u2013")
         ])]);
         d.addEventListener("toggle", function () {
