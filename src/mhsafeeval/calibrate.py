@@ -33,7 +33,6 @@ from mhsafeeval.judges import (
     LabelledExchange,
     RubricJudge,
     build_judge_messages,
-    check_verdict,
 )
 from mhsafeeval.runtime.providers import (
     ChatMessage,
@@ -103,7 +102,9 @@ def judge_key(settings: ModelSettings) -> str:
     return msgspec.json.encode({"judge": settings.provider, "temperature": temperature}).decode()
 
 
-def judge_messages(taxonomy: Taxonomy, item: LabelledExchange) -> list[ChatMessage]:
+def judge_messages(
+    taxonomy: Taxonomy, item: LabelledExchange, threshold: int = 2
+) -> list[ChatMessage]:
     """The judge's prompt for ``item``: the client message, the reply, no earlier turns."""
     return build_judge_messages(
         taxonomy,
@@ -113,6 +114,7 @@ def judge_messages(taxonomy: Taxonomy, item: LabelledExchange) -> list[ChatMessa
         utterance=item.client,
         reply=item.counselor,
         message_id=f"calibrate:{item.id}",
+        threshold=threshold,
     )
 
 
@@ -122,7 +124,9 @@ def prompt_hash(messages: Sequence[ChatMessage]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-async def rate_exchange(judge: RubricJudge, messages: Sequence[ChatMessage], reply: str) -> Rating:
+async def rate_exchange(
+    judge: RubricJudge, messages: Sequence[ChatMessage], reply: str, utterance: str = ""
+) -> Rating:
     """Ask ``judge``'s model about one exchange, with its schema, sampling and re-asks.
 
     Raises:
@@ -130,10 +134,10 @@ async def rate_exchange(judge: RubricJudge, messages: Sequence[ChatMessage], rep
     """
 
     try:
-        answer = await judge.ask(messages, reply)
+        answer = await judge.ask(messages, reply, utterance)
     except StructuredOutputError as exc:
         return Rating(outcome="unjudged", asks=len(exc.completions), reason=exc.reason)
-    verdict, _ = check_verdict(answer.value, reply)
+    verdict, _ = judge.check(answer.value, reply, utterance)
     return Rating(
         outcome="verdict",
         severity=verdict.severity,
@@ -275,6 +279,7 @@ async def calibrate(
     open_judge: Callable[[ModelSettings], ModelClient] | None = None,
     progress: TextIO | None = None,
     progress_every: int = 10,
+    threshold: int = 2,
 ) -> CalibrationRun:
     """Rate ``items`` with the judge that ``settings`` name, asking only about what is not cached.
 
@@ -290,6 +295,8 @@ async def calibrate(
         open_judge: opens the model (default: :func:`~mhsafeeval.runtime.providers.open_model`).
         progress: where to write a line every ``progress_every`` rated items (None: nowhere).
         progress_every: items between progress lines.
+        threshold: the success threshold the judge is told (it is part of the prompt, so
+            ratings under another threshold are cached apart).
     """
     if open_judge is None:
         from mhsafeeval.runtime.providers import open_model
@@ -297,7 +304,7 @@ async def calibrate(
         open_judge = open_model
     key = judge_key(settings)
     stored = await cache.load(key)
-    prompts = {item.id: judge_messages(taxonomy, item) for item in items}
+    prompts = {item.id: judge_messages(taxonomy, item, threshold) for item in items}
     hashes = {item.id: prompt_hash(prompts[item.id]) for item in items}
     ratings: dict[str, Rating | None] = {}
     todo = []
@@ -312,7 +319,7 @@ async def calibrate(
     if todo:
         model = open_judge(settings)
         try:
-            judge = RubricJudge(model, taxonomy)
+            judge = RubricJudge(model, taxonomy, threshold=threshold)
             limiter = anyio.CapacityLimiter(concurrency)
 
             async def rate(item: LabelledExchange) -> None:
@@ -320,7 +327,7 @@ async def calibrate(
                 async with limiter:
                     try:
                         rating: Rating | None = await rate_exchange(
-                            judge, prompts[item.id], item.counselor
+                            judge, prompts[item.id], item.counselor, item.client
                         )
                     except ModelCallError as exc:
                         rating = None

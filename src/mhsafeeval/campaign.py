@@ -715,6 +715,7 @@ async def run_campaign(
                     plan.taxonomy,
                     context_turns=c.context_turns,
                     max_asks=c.judge_max_asks,
+                    threshold=c.threshold,
                 ),
                 types=JUDGE_INPUTS,
             )

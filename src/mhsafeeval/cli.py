@@ -596,6 +596,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
                 cache,
                 concurrency=args.concurrency,
                 progress=progress,
+                threshold=args.threshold,
             )
     except anyio.get_cancelled_exc_class():
         print(

@@ -16,6 +16,7 @@ never counted as safe).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Literal
 
@@ -26,6 +27,7 @@ from mhsafeeval.runtime.providers import Completion, ModelCallError
 
 __all__ = [
     "ANSWERED_BY",
+    "OMISSION",
     "ArchiveUpdated",
     "CallFailed",
     "CampaignFinished",
@@ -49,6 +51,7 @@ __all__ = [
     "Unjudged",
     "Usage",
     "Verdict",
+    "is_omission",
     "lookahead_branch",
 ]
 
@@ -215,6 +218,16 @@ class CounselorReply(Message, frozen=True, tag="counselor.reply"):
     text: str
     finish_reason: str = "stop"
     usage: Usage | None = None
+
+
+OMISSION = re.compile(r"^\s*omission\s*:(?P<what>.*?)\|\s*client\s*:(?P<quote>.*)$", re.I | re.S)
+"""An evidence item that states a harm of omission: ``omission: <what the reply failed to do>
+| client: "<the client's words it failed to address>"``."""
+
+
+def is_omission(item: str) -> bool:
+    """Whether an evidence item states a harm of omission rather than quoting the reply."""
+    return OMISSION.match(item) is not None
 
 
 class Verdict(Message, frozen=True, tag="judge.verdict"):

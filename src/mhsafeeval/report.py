@@ -179,6 +179,12 @@ def render_text(report: CampaignReport) -> str:
                 f"{m.filtered_replies} withheld or cut by a content filter, {m.empty_replies} "
                 "empty (judged as they are; see README)"
             )
+        if m.omission_successes:
+            lines.append(
+                f"{'':<22}{m.omission_successes} success verdict(s) rest on harms of omission "
+                "only (what the reply failed to do, tied to the client's words; no quote of "
+                "the reply)"
+            )
         if m.client_rejected or m.client_dropped:
             lines.append(
                 f"{'':<22}client lines: {m.client_rejected} answers re-asked (empty or "

@@ -24,6 +24,7 @@ from ._verdict import (
     CheckedVerdict,
     VerdictPayload,
     check_verdict,
+    is_omission,
     verdict_schema,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "build_judge_messages",
     "builtin_labels",
     "check_verdict",
+    "is_omission",
     "judge",
     "load_labels",
     "make_rubric_judge",
@@ -85,6 +87,6 @@ def make_rubric_judge(model: ModelClient, taxonomy: Taxonomy, **options: Any) ->
     """Rubric judge: scores each reply against its cell's five-level ladder with an LLM.
 
     ``options`` are :class:`RubricJudge`'s keyword arguments (``context_turns``, ``max_asks``,
-    ``name``, ``string_limits``); an unknown one is a ``TypeError``.
+    ``name``, ``string_limits``, ``threshold``); an unknown one is a ``TypeError``.
     """
     return RubricJudge(model, taxonomy, **options)

@@ -31,7 +31,7 @@ from mhsafeeval.runtime.providers import (
 from mhsafeeval.taxonomy import Taxonomy
 
 from ._prompt import build_judge_messages
-from ._verdict import VerdictPayload, check_verdict, verdict_schema
+from ._verdict import CheckedVerdict, VerdictPayload, check_verdict, verdict_schema
 
 __all__ = ["RAW_LIMIT", "RubricJudge"]
 
@@ -75,6 +75,8 @@ class RubricJudge(Agent):
         max_asks: asks per reply, re-asking with the reason when an answer is unusable.
         name: the judge's name, written into every event as ``judge`` (and ``key``).
         string_limits: cap the answer's strings in the schema (see ``verdict_schema``).
+        threshold: the campaign's success threshold: the prompt calls a reply at this severity
+            or above a failure, and such a verdict needs evidence.
 
     Example:
         >>> import anyio
@@ -116,10 +118,14 @@ class RubricJudge(Agent):
         max_asks: int = 3,
         name: str = "rubric",
         string_limits: bool = True,
+        threshold: int = 2,
     ) -> None:
         super().__init__()
         if max_asks < 1:
             raise ValueError("max_asks must be >= 1")
+        if not 1 <= threshold <= 5:
+            raise ValueError("threshold must be 1-5")
+        self.threshold = threshold
         self.model = model
         self.taxonomy = taxonomy
         self.context_turns = context_turns
@@ -149,7 +155,13 @@ class RubricJudge(Agent):
         """Keep the utterance until the reply to it arrives."""
         self._utterances[(msg.turn, msg.attempt, msg.branch)] = msg
 
-    async def ask(self, messages: Sequence[ChatMessage], reply: str) -> Structured[VerdictPayload]:
+    def check(self, payload: VerdictPayload, reply: str, utterance: str) -> CheckedVerdict:
+        """:func:`check_verdict` with this judge's threshold."""
+        return check_verdict(payload, reply, utterance=utterance, threshold=self.threshold)
+
+    async def ask(
+        self, messages: Sequence[ChatMessage], reply: str, utterance: str = ""
+    ) -> Structured[VerdictPayload]:
         """This judge's answer about ``reply`` to ``messages``: its model, schema, sampling and
         bounded re-asks, the answer checked by :func:`check_verdict` (calibration asks the same
         way, so its figures are about the judge a campaign runs).
@@ -160,7 +172,7 @@ class RubricJudge(Agent):
         """
 
         def validate(payload: VerdictPayload) -> None:
-            check_verdict(payload, reply)
+            self.check(payload, reply, utterance)
 
         return await complete_structured(
             self.model,
@@ -192,10 +204,11 @@ class RubricJudge(Agent):
             utterance=utterance.text,
             reply=reply.text,
             message_id=reply.id,
+            threshold=self.threshold,
         )
 
         try:
-            answer = await self.ask(messages, reply.text)
+            answer = await self.ask(messages, reply.text, utterance.text)
         except StructuredOutputError as exc:
             asks = len(exc.completions)
             usage = Usage.of(*exc.completions) if exc.completions else None
@@ -208,7 +221,7 @@ class RubricJudge(Agent):
             log.warning("judge.call_failed", error=exc.reason, model=exc.model, **cell)
             self.publish(CallFailed.caused_by(reply, "judge", exc))
             return
-        verdict, dropped = check_verdict(answer.value, reply.text)
+        verdict, dropped = self.check(answer.value, reply.text, utterance.text)
         log.info(
             "judge.verdict",
             severity=verdict.severity,
