@@ -407,7 +407,7 @@ async def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.config is None:
-        _demo_epilogue(db)
+        _demo_epilogue(config, db)
     if result.status == "stopped_budget":
         print(
             f"mhsafeeval: stopped: {result.budget} reached ({result.spent}); "
@@ -420,13 +420,17 @@ async def _run(args: argparse.Namespace) -> int:
     return 0 if result.failed == 0 else 1
 
 
-def _demo_epilogue(db: Path) -> None:
+def _demo_epilogue(config: Config, db: Path) -> None:
     """What the demo's numbers are, where they are stored, and where to go next."""
+    counselors = ", ".join(m.provider for m in config.counselors.values())
+    roles: dict[str, list[str]] = {}
+    for role in ("client", "mutator", "judge", "refiner"):
+        roles.setdefault(config.model_for(role).provider, []).append(role)
+    others = "; ".join(f"{', '.join(r)}: {provider}" for provider, r in roles.items())
     print(
-        "\nThis was the offline demo: the counselor under test is SmolLM2-135M-Instruct and "
-        "the client, mutator, judge and refiner are SmolLM2 and Gemma 3 270M, all tiny models "
-        "on this CPU. Its numbers show the machinery working; they are not a verdict on any "
-        "model (a 270M judge is not a reliable rater).\n"
+        f"\nThis was the offline demo: the counselor under test is {counselors} ({others}), "
+        "tiny models on this CPU. Its numbers show the machinery working; they are not a "
+        "verdict on any model (a model this small is not a reliable judge).\n"
         f"  the whole record:  {db}\n"
         f"  the HTML report:   mhsafeeval report {db} --html demo.html  (then open demo.html)\n"
         f"  every exchange:    mhsafeeval export {db} --format csv --out demo.csv\n"

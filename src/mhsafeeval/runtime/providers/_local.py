@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -548,7 +549,6 @@ def _stable_seed(messages: Sequence[ChatMessage]) -> int:
 _engines: dict[Path, _Engine] = {}
 _engines_lock = threading.Lock()
 _compute = threading.Lock()  # one generation at a time in the process, on every core
-_queues: dict[str, anyio.CapacityLimiter] = {}
 
 
 @atexit.register
@@ -564,11 +564,10 @@ def _close_engines() -> None:
         _engines.clear()
 
 
+@functools.cache
 def _queue() -> anyio.CapacityLimiter:
     """The process's queue for local generation (waiting calls hold no worker thread)."""
-    if "cpu" not in _queues:
-        _queues["cpu"] = anyio.CapacityLimiter(1)
-    return _queues["cpu"]
+    return anyio.CapacityLimiter(1)
 
 
 def _engine_for(path: Path, options: dict[str, Any]) -> _Engine:
