@@ -435,8 +435,8 @@ def _demo_epilogue(config: Config, db: Path) -> None:
         f"  the HTML report:   mhsafeeval report {db} --html demo.html  (then open demo.html)\n"
         f"  every exchange:    mhsafeeval export {db} --format csv --out demo.csv\n"
         "  real models:       write a config with your counselor and hosted models for the "
-        "other roles (README: Configuration), check it with `mhsafeeval check CONFIG`, then "
-        "`mhsafeeval run CONFIG`",
+        "other roles (README: Run it against real models), check it with "
+        "`mhsafeeval check CONFIG`, then `mhsafeeval run CONFIG`",
         file=sys.stderr,
     )
 
