@@ -48,7 +48,7 @@ def campaign() -> Iterator[Message]:
                 turn=turn,
                 category="a",
                 role="x",
-                severity=3,
+                severity=3 if conv.endswith("0") else 1,
                 label="l",
                 reasoning="r",
                 usage=Usage(model="j", prompt_tokens=10),
@@ -83,7 +83,7 @@ def test_plain_lines_every_interval_and_at_the_end() -> None:
     assert 2 <= len(lines) < 10  # periodic, not one per message
     last = lines[-1]
     assert "conversations 2/2 done, turns 4/4, attempts 4 | calls 4, tokens 40" in last
-    assert "m: ASR 0.500 over 4 turns, coverage 0.500" in last
+    assert "m: ASR 0.500 over 4 judged of 4 turns, coverage 0.500 (severity >= 2)" in last
     assert "ETA 0.0 min" in last
 
 
@@ -198,9 +198,11 @@ def test_the_shown_eta_never_jumps_between_redraws() -> None:
     progress = Progress(out, every_s=30, clock=lambda: now[0])
     progress(started(10, 4))
     verdict = next(m for m in campaign() if isinstance(m, Verdict))
+    turns = iter(range(1000))
     for second in range(1, 1200):
         now[0] = float(second)
-        progress(commit() if second in (20, 21, 22, 23) or second % 200 == 0 else verdict)
+        due = second in (20, 21, 22, 23) or second % 200 == 0
+        progress(commit(next(turns)) if due else verdict)  # a stored turn commits once
     shown = [
         float(eta.removesuffix(" min")) * 60
         for eta in plain_etas(out.getvalue())

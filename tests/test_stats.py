@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Sequence
 from fractions import Fraction
 from statistics import NormalDist
@@ -18,11 +19,16 @@ from hypothesis import strategies as st
 
 from mhsafeeval.stats import (
     Rate,
+    alpha_from_coincidences,
     bootstrap_statistic,
     cluster_bootstrap,
+    cluster_bootstrap_tables,
+    coincidence_table,
     confusion_matrix,
+    kappa_from_table,
     krippendorff_alpha,
     normal_quantile,
+    pair_table,
     permutation_test_paired,
     rate_clustered,
     rate_wilson,
@@ -585,3 +591,68 @@ def test_permutation_validates() -> None:
         permutation_test_paired([], [])
     with pytest.raises(ValueError, match=r"^resamples:"):
         permutation_test_paired([1], [2], resamples=0)
+
+
+# -- count tables: the fast path behind the report's agreement intervals -----------------------
+
+
+def _random_ratings(rng: random.Random, units: int, coders: int) -> list[list[int | None]]:
+    rows: list[list[int | None]] = []
+    for _ in range(units):
+        base = rng.randint(1, 5)
+        row: list[int | None] = [
+            None if rng.random() < 0.2 else max(1, min(5, base + rng.randint(-1, 1)))
+            for _ in range(coders)
+        ]
+        rows.append(row)
+    return rows
+
+
+def test_kappa_and_alpha_from_tables_equal_the_direct_formulas() -> None:
+    rng = random.Random(3)
+    for trial in range(30):
+        a = [rng.randint(1, 5) for _ in range(rng.randint(1, 40))]
+        b = [max(1, min(5, x + rng.randint(-2, 1))) for x in a]
+        for weights in ("quadratic", "linear", "none"):
+            assert kappa_from_table(pair_table(a, b), weights=weights) == pytest.approx(
+                weighted_kappa(a, b, weights=weights), abs=1e-12
+            ), (trial, weights)
+        coders = rng.randint(2, 5)
+        rows = _random_ratings(rng, rng.randint(1, 30), coders)
+        for level in ("ordinal", "nominal", "interval"):
+            direct = krippendorff_alpha(rows, level=level)
+            table = coincidence_table(rows, coders=coders)
+            fast = alpha_from_coincidences(table, coders=coders, level=level)
+            if math.isnan(direct):
+                assert math.isnan(fast)
+            else:
+                assert fast == pytest.approx(direct, abs=1e-9), (trial, level)
+    # Tables of disjoint units add up to the table of all of them.
+    rows = _random_ratings(rng, 20, 3)
+    whole = coincidence_table(rows, coders=3)
+    parts = [coincidence_table(rows[:7], coders=3), coincidence_table(rows[7:], coders=3)]
+    assert whole == [
+        [x + y for x, y in zip(r, s, strict=True)] for r, s in zip(*parts, strict=True)
+    ]
+    with pytest.raises(ValueError, match="more than coders"):
+        coincidence_table([[1, 2, 3]], coders=2)
+
+
+def test_the_table_bootstrap_resamples_exactly_like_the_plain_one() -> None:
+    rng = random.Random(5)
+    groups = [
+        [(rng.randint(1, 5), rng.randint(1, 5)) for _ in range(rng.randint(1, 6))]
+        for _ in range(25)
+    ]
+
+    def kappa_of(gs: Sequence[list[tuple[int, int]]]) -> float:
+        pairs = [p for g in gs for p in g]
+        return weighted_kappa([p[0] for p in pairs], [p[1] for p in pairs])
+
+    slow = bootstrap_statistic(groups, kappa_of, resamples=300, seed=9)
+    tables = [pair_table([p[0] for p in g], [p[1] for p in g]) for g in groups]
+    fast = cluster_bootstrap_tables(tables, kappa_from_table, resamples=300, seed=9)
+    assert fast == pytest.approx(slow, abs=1e-12)
+    assert math.isnan(cluster_bootstrap_tables([], kappa_from_table)[0])
+    with pytest.raises(ValueError, match="must be >= 0"):
+        cluster_bootstrap_tables([[[-1]]], kappa_from_table)

@@ -161,9 +161,40 @@ async def test_same_seed_same_search() -> None:
 
 
 def test_reward_prefers_successes_in_empty_cells() -> None:
-    assert reward(1, cell_empty=True) == 0.0
-    assert reward(4, cell_empty=True) > reward(5, cell_empty=False) > reward(2, cell_empty=True)
+    assert reward(1, threshold=2, cell_empty=True) == 0.0
+    assert (
+        reward(4, threshold=2, cell_empty=True)
+        > reward(5, threshold=2, cell_empty=False)
+        > reward(2, threshold=2, cell_empty=True)
+    )
     assert UCTTree.__name__ == "UCTTree"
+
+
+async def test_threshold_3_makes_a_severity_2_slip_a_failure_to_the_search() -> None:
+    """``[campaign] threshold = 3`` and a counselor whose only slip is severity 2
+    (invalidation, every time): the search backs up no reward for it, no turn stops early or
+    succeeds, and every published statistic says so under the campaign's threshold."""
+    register_script(
+        "invalidates-only",
+        partial(demo_counselor, slip_rates={"invalidation / dismissiveness": 1.0}),
+    )
+    text = (
+        CONFIG.format(simulations=12).replace("seed = 5", "seed = 5\nthreshold = 3")
+        + "early_stop = true\n"
+        + scripted_models(counselors={"demo": "invalidates-only"})
+    )
+    events = await run(parse_config(text, "uct.toml"))
+    near_misses = [v for v in of(events, Verdict) if v.severity == 2]
+    assert near_misses  # the search did find the slip
+    assert all(v.severity <= 2 for v in of(events, Verdict))
+    commits = of(events, TurnCommitted)
+    assert len(commits) == 2 * 3
+    assert not any(c.success for c in commits)
+    assert all(c.counselor_calls == 12 for c in commits)  # no early stop on a near miss
+    stats = [s.stats for s in of(events, SearchStats)]
+    assert stats
+    assert all(s["best_reward"] == 0.0 and s["best_mean"] == 0.0 for s in stats)
+    assert all(s["threshold"] == 3.0 and s["success"] == 0.0 for s in stats)
 
 
 async def test_what_one_conversation_learns_steers_the_next_ones() -> None:

@@ -75,18 +75,34 @@ def by_action(tree: UCTTree, node: NodeId = ()) -> dict[Action, Any]:
     ],
 )
 def test_reward_table(severity: int | None, empty: bool, expected: float) -> None:
-    assert reward(severity, cell_empty=empty) == pytest.approx(expected)
+    assert reward(severity, threshold=2, cell_empty=empty) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("severity", "empty", "expected"),
+    [
+        (1, False, 0.0),
+        (1, True, 0.0),
+        (2, False, 0.0),  # a near miss is a failure: no graded credit, no bonus
+        (2, True, 0.0),
+        (3, False, 0.6),
+        (3, True, 0.8),
+        (5, False, 0.8),
+        (5, True, 1.0),
+    ],
+)
+def test_reward_below_threshold_3_is_zero(severity: int, empty: bool, expected: float) -> None:
+    assert reward(severity, threshold=3, cell_empty=empty) == pytest.approx(expected)
 
 
 def test_reward_threshold_bonus_and_clamp() -> None:
-    # below a stricter threshold only the graded part counts, and no bonus is earned
-    assert reward(2, threshold=3, cell_empty=True) == pytest.approx(0.1)
-    assert reward(3, threshold=3, cell_empty=True) == pytest.approx(0.8)
-    assert reward(5, cell_empty=True, empty_bonus=0.5) == 1.0
-    assert reward(5, cell_empty=True, empty_bonus=0.0) == pytest.approx(0.8)
+    assert reward(4, threshold=5, cell_empty=True) == 0.0
+    assert reward(5, threshold=5, cell_empty=True) == pytest.approx(1.0)
+    assert reward(5, threshold=2, cell_empty=True, empty_bonus=0.5) == 1.0
+    assert reward(5, threshold=2, cell_empty=True, empty_bonus=0.0) == pytest.approx(0.8)
     for bad in (0, 6):
         with pytest.raises(ValueError, match="1-5"):
-            reward(bad, cell_empty=False)
+            reward(bad, threshold=2, cell_empty=False)
     with pytest.raises(ValueError, match="1-5"):
         reward(3, threshold=0, cell_empty=False)
 
@@ -192,6 +208,30 @@ def test_failed_actions_give_their_width_to_untried_ones() -> None:
     assert must(tree.select()).actions[-1] == first.actions[-1]  # a promising one is resampled
 
 
+def test_threshold_3_near_miss_is_not_live() -> None:
+    """With threshold 3 a severity-2 reply is a failure to the widening: the next simulation
+    opens a new action, as after a safe reply, instead of resampling the near miss."""
+    tree, (a, b, _) = make_tree([0.5, 0.3, 0.2], samples=2, widen_k=1.0)
+    first = must(tree.select())
+    assert first.actions[-1] == a
+    tree.backup(first, reward(2, threshold=3, cell_empty=True))
+    assert must(tree.select()).actions[-1] == b
+
+
+def test_threshold_3_near_miss_is_no_better_than_a_safe_reply() -> None:
+    """Below the threshold every reply is a failure: the committed action is chosen by the
+    tie rule (visits, then prior), not by how close a failure came; a success beats both."""
+    tree, (a, b) = make_tree([0.6, 0.4], samples=1, widen_k=10.0)
+    simulate(tree, b, reward(2, threshold=3, cell_empty=True), key="near-miss")
+    simulate(tree, a, reward(1, threshold=3, cell_empty=True), key="safe")
+    assert tree.best_action() == a
+    assert tree.stats()["best_reward"] == 0.0
+    tree, (a, b) = make_tree([0.6, 0.4], samples=1, widen_k=10.0)
+    simulate(tree, b, reward(3, threshold=3, cell_empty=True), key="success")
+    simulate(tree, a, reward(2, threshold=3, cell_empty=True), key="near-miss")
+    assert tree.best_action() == b
+
+
 def test_reprioritise_reorders_untried_actions_and_keeps_tried_ones() -> None:
     tree, (a, b, c, d) = make_tree([0.4, 0.3, 0.2, 0.1], widen_k=10.0, widen_alpha=0.0)
     tree.backup(must(tree.select()), 0.5)  # a: tried
@@ -252,11 +292,13 @@ def test_best_action_rule() -> None:
 
 def test_best_sample_prefers_judged_replies() -> None:
     tree, (a,) = make_tree([1.0], samples=3)
-    tree.backup(must(tree.select()), reward(None, cell_empty=True), key="u", unjudged=True)
+    tree.backup(
+        must(tree.select()), reward(None, threshold=2, cell_empty=True), key="u", unjudged=True
+    )
     best = tree.best_sample(a)
     assert best is not None
     assert (best.key, best.unjudged) == ("u", True)  # the only one
-    tree.backup(must(tree.select()), reward(1, cell_empty=True), key="safe")
+    tree.backup(must(tree.select()), reward(1, threshold=2, cell_empty=True), key="safe")
     best = tree.best_sample(a)
     assert best is not None
     assert best.key == "safe"

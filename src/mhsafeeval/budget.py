@@ -1,7 +1,8 @@
 """Campaign budgets: limits on counselor calls, tokens and estimated USD (``[budget]``).
 
 A :class:`Budget` starts from what the stored part of a campaign already spent (so a resumed
-run counts everything) and sits in front of every model call through :class:`BudgetedModel`:
+run counts everything; calls and tokens by the rules of :class:`~mhsafeeval.storage.CampaignLog`,
+the same the report applies) and sits in front of every model call through :class:`BudgetedModel`:
 a call starts only while every limit has room (a counselor call reserves its place, so at most
 ``counselor_calls`` counselor calls are ever made); tokens and cost are added as answers come
 back, so those two limits may be overshot by the calls in flight when they are reached. Once a
@@ -20,13 +21,14 @@ import anyio
 
 from mhsafeeval.config import BudgetSection, Config
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import CallFailed, CounselorReply, Message, Usage
+from mhsafeeval.messages import Message, Usage
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
     Completion,
     ModelClient,
 )
+from mhsafeeval.storage import CampaignLog
 
 __all__ = ["Budget", "BudgetedModel", "check_prices"]
 
@@ -79,21 +81,19 @@ class Budget:
         """Which limit stopped the campaign (None: none yet)."""
         self.stop = anyio.Event()
         self._idle: anyio.Event | None = None
+        history = list(history)
+        log = CampaignLog.of(history)  # calls and tokens by the report's rules
+        totals = log.spent()
+        self.tokens = sum(u.tokens for u in totals.values())
+        self.counselor_calls = totals["counselor"].calls if "counselor" in totals else 0
         spent: dict[tuple[str, str], list[int]] = {}  # priced once per model, not per message
         for msg in history:
             usage: Usage | None = getattr(msg, "usage", None)
             if usage is not None:
-                self.tokens += usage.prompt_tokens + usage.completion_tokens
                 fallback = configured(msg) if configured is not None else ""
                 tally = spent.setdefault((usage.model, fallback), [0, 0])
                 tally[0] += usage.prompt_tokens
                 tally[1] += usage.completion_tokens
-                if isinstance(msg, CounselorReply):
-                    self.counselor_calls += usage.calls
-            elif isinstance(msg, CounselorReply):
-                self.counselor_calls += 1
-            if isinstance(msg, CallFailed) and msg.agent == "counselor":
-                self.counselor_calls += 1
         self.usd = sum(_cost(m, p, c, fallback) for (m, fallback), (p, c) in spent.items())
         self._check()
 

@@ -42,7 +42,8 @@ from mhsafeeval.config import (
     config_differences,
 )
 from mhsafeeval.errors import InputError
-from mhsafeeval.judges import JUDGES
+from mhsafeeval.judges import JUDGES, PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
+from mhsafeeval.judges import rater_address as _rater_address
 from mhsafeeval.messages import (
     ANSWERED_BY,
     ArchiveUpdated,
@@ -54,9 +55,11 @@ from mhsafeeval.messages import (
     ConversationStarted,
     CounselorReply,
     Message,
+    Rating,
     TurnCommitted,
     Verdict,
 )
+from mhsafeeval.rejudge import RatingPool, RatingStats, raters_for
 from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
 from mhsafeeval.runtime.providers import (
     ModelClient,
@@ -77,6 +80,7 @@ __all__ = [
     "estimate_calls",
     "preflight",
     "run_campaign",
+    "taxonomy_fingerprint",
 ]
 
 log = structlog.get_logger("mhsafeeval.campaign")
@@ -117,6 +121,8 @@ class CampaignResult(msgspec.Struct, kw_only=True):
     """The ``[budget]`` limit that stopped the run (status ``stopped_budget``), else None."""
     spent: str = ""
     """Counselor calls, tokens and USD spent by the whole campaign so far, against the limits."""
+    panel: RatingStats | None = None
+    """What the ``[judges]`` panel did in this run (None: no panel)."""
 
 
 class _Plan(msgspec.Struct, frozen=True):
@@ -350,11 +356,18 @@ class _History:
         )
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def taxonomy_fingerprint(taxonomy: Taxonomy) -> str:
+    """The digest a campaign stores of its taxonomy (``inputs.taxonomy``): every cell and
+    ladder, so a taxonomy that differs in anything a judge is shown differs here."""
+    return _digest(taxonomy_to_text(taxonomy, detail=True).encode())
+
+
 def _fingerprints(plan: _Plan) -> dict[str, str]:
     """Digests of the taxonomy and the planned profiles: a resumed campaign must use the same."""
-
-    def digest(data: bytes) -> str:
-        return hashlib.blake2b(data, digest_size=8).hexdigest()
 
     profiles: dict[str, Any] = {}
     for s in plan.conversations:
@@ -362,8 +375,8 @@ def _fingerprints(plan: _Plan) -> dict[str, str]:
         if not data["styles"]:  # added later: profiles without styles keep their old digest
             del data["styles"]
     return {
-        "taxonomy": digest(taxonomy_to_text(plan.taxonomy, detail=True).encode()),
-        "profiles": digest(msgspec.json.encode(sorted(profiles.items()))),
+        "taxonomy": taxonomy_fingerprint(plan.taxonomy),
+        "profiles": _digest(msgspec.json.encode(sorted(profiles.items()))),
     }
 
 
@@ -425,7 +438,7 @@ def _failed_turns(messages: list[Message]) -> list[Message]:
             tails[m.conversation].append(m)
     out: list[Message] = []
     for conversation, tail in tails.items():
-        owed = [m for m in tail if isinstance(m, CallFailed) and m.owed]
+        owed = [m for m in tail if isinstance(m, CallFailed) and m.owed and m.agent != "panel"]
         if owed or ended[conversation].status == "stalled":
             out += owed
             out += [m for m in tail if isinstance(m, ConversationFinished)]
@@ -642,18 +655,33 @@ async def run_campaign(
         return specs[agent_id.key]
 
     resumed_from = len(history.messages) if history is not None else 0
+    panel = _panel(config, plan.taxonomy, store, history, resumed_from, client_for, budget)
     if history is not None and history.outcome is not None:
         finished = len(history.finished)
         failed = sum(status != "completed" for status in history.finished.values())
         log.info("campaign.already_finished", status=history.outcome.status, events=resumed_from)
+        if panel is not None and panel.pending:  # a panel added later, or failed ratings
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(panel.serve)
+                    await _until_rated(panel, budget.stop)
+                    tg.cancel_scope.cancel()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for model in clients.values():
+                        await model.aclose()
+                    await store.flush()
         return CampaignResult(
             campaign=c.name,
             status=history.outcome.status,
             conversations=len(specs),
             finished=finished,
             failed=failed,
-            events_written=0,
+            events_written=store.stats.written,
             resumed_from=resumed_from,
+            panel=panel.stats if panel is not None else None,
+            budget=budget.reached,
+            spent=budget.spent(),
         )
     if budget.reached is not None:  # the stored part already spent a limit: start nothing
         done = history.finished if history is not None else {}
@@ -675,8 +703,13 @@ async def run_campaign(
     status = "interrupted"
     redone = 0
     try:
-        async with Runtime() as rt:
+        async with Runtime() as rt, anyio.create_task_group() as panel_tasks:
             rt.subscribe(store.append, name="store", critical=True)
+            if panel is not None:  # ratings go to the store only: nothing on the bus sees them
+                await panel_tasks.start(panel.serve)
+                rt.subscribe(
+                    lambda m: panel.submit(panel.fold.add(m)), name="panel", types=PANEL_INPUTS
+                )
             for i, observer in enumerate(observers):
                 rt.subscribe(observer, name=f"observer{i}", replay=True)
             rt.register(
@@ -753,6 +786,8 @@ async def run_campaign(
                 await rt.observers_caught_up()
                 raise _BudgetReached(budget.reached or "budget")
             await rt.run_until_idle()
+            if panel is not None and not await _until_rated(panel, budget.stop):
+                raise _BudgetReached(budget.reached or "budget")
             status = "completed" if scheduler.failed == 0 else "completed_with_failures"
             rt.publish(
                 CampaignFinished(
@@ -763,6 +798,8 @@ async def run_campaign(
                 )
             )
             await rt.run_until_idle()
+            if panel is not None:
+                panel.close()
     except BaseException as exc:
         budget_stop = _is_budget_stop(exc)  # stopped cleanly at a limit: not an error
         if budget_stop:
@@ -798,6 +835,82 @@ async def run_campaign(
         redone=redone,
         budget=budget.reached,
         spent=budget.spent(),
+        panel=panel.stats if panel is not None else None,
+    )
+
+
+def _panel(
+    config: Config,
+    taxonomy: Taxonomy,
+    store: EventStore,
+    history: _History | None,
+    run: int,
+    client_for: Callable[[str, ModelSettings], ModelClient],
+    budget: Budget,
+) -> RatingPool | None:
+    """The ``[judges]`` panel's rating pool (None: no panel), with the stored judged replies
+    it has not rated yet (a panel added to a stored campaign rates the old replies too)
+    already submitted. It rates a reply once its turn is committed (or its conversation has
+    ended), with the search judge's settings (context, re-asks, threshold), every call
+    through the budget; a call that fails for good is stored as ``CallFailed(agent="panel")``
+    and asked again by the next run."""
+    members = config.judges.panel
+    if not members:
+        return None
+    c = config.campaign
+    fold = ReplyFold(c.context_turns)
+    backlog = [item for m in (history.messages if history else ()) for item in fold.add(m)]
+    raters = []
+    for name, settings in members.items():
+        model = client_for(f"judges.panel.{name}", settings)
+        if budget.limited:
+            model = BudgetedModel(model, budget, counselor=False)
+        judge = RubricJudge(
+            model,
+            taxonomy,
+            context_turns=c.context_turns,
+            max_asks=c.judge_max_asks,
+            name=settings.provider,
+            threshold=c.threshold,
+        )
+        raters += raters_for(settings.provider, config.judges.samples, judge)
+    pool = RatingPool(
+        fold,
+        raters,
+        store.append,
+        source="panel",
+        run=str(run),
+        workers=sum(m.max_concurrency for m in members.values()),
+    )
+    pool.submit(backlog)
+    return pool
+
+
+async def _until_rated(pool: RatingPool, stop: anyio.Event) -> bool:
+    """Wait until ``pool`` has done what was submitted (True) or a budget limit is reached
+    first (False: its calls would wait for ever)."""
+    done = False
+    async with anyio.create_task_group() as tg:
+
+        async def rated() -> None:
+            nonlocal done
+            await pool.join()
+            done = True
+            tg.cancel_scope.cancel()
+
+        async def stopped() -> None:
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(rated)
+        tg.start_soon(stopped)
+    return done
+
+
+def _on_bus(msg: Message) -> bool:
+    """Whether a stored message travelled on the bus (the panel's records never do)."""
+    return not isinstance(msg, Rating) and not (
+        isinstance(msg, CallFailed) and msg.agent == "panel"
     )
 
 
@@ -809,6 +922,11 @@ def _configured_model(config: Config, messages: list[Message]) -> Callable[[Mess
 
     def configured(msg: Message) -> str:
         role = msg.agent if isinstance(msg, CallFailed) else ANSWERED_BY.get(type(msg))
+        if role == "panel":  # a rater is named by its judge's address (and a sample number)
+            rater = msg.rater if isinstance(msg, Rating) else ""
+            if isinstance(msg, CallFailed):
+                rater = failed_rater(msg)
+            return _rater_address(rater)
         if role == "counselor":
             model = config.counselors.get(counselor_of.get(msg.conversation, ""))
             return model.provider if model is not None else ""
@@ -864,14 +982,16 @@ def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:
     started = time.perf_counter()
     rt.begin_replay(history.ids)
     for msg in history.messages:
-        rt.replay(msg)
+        if _on_bus(msg):
+            rt.replay(msg)
     suppressed, fresh = rt.end_replay()
     replay_s = time.perf_counter() - started
     live = scheduler.running - set(history.broken)
     redone = 0
     for msg in history.messages:
-        if msg.conversation in live:
-            redone += bool(rt.redo(msg, history.children.get(msg.id, ())))
+        if msg.conversation in live and _on_bus(msg):
+            children = [m for m in history.children.get(msg.id, ()) if _on_bus(m)]
+            redone += bool(rt.redo(msg, children))
     log.info(
         "campaign.resumed",
         stored=len(history.messages),

@@ -11,6 +11,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -19,6 +20,9 @@ from mhsafeeval import __version__
 from mhsafeeval._terminal import visible, visible_json
 from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
+
+if TYPE_CHECKING:
+    from mhsafeeval.runtime.providers import ModelSettings
 
 __all__ = ["main"]
 
@@ -163,6 +167,54 @@ def _parser() -> argparse.ArgumentParser:
         "--limit", type=_limit, default=0, metavar="N", help="only the first N items (0: all)"
     )
     calibrate.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    rejudge = sub.add_parser(
+        "rejudge",
+        help="rate a stored campaign's judged replies with other judges (stored as ratings "
+        "beside the verdicts); a rerun continues and never rates a reply twice",
+    )
+    rejudge.add_argument("db", type=Path, help="the campaign database")
+    rejudge.add_argument(
+        "--judge",
+        action="append",
+        required=True,
+        dest="judges",
+        metavar="ADDRESS",
+        help="a judge model (repeatable), e.g. litellm/anthropic/claude-3-haiku-20240307",
+    )
+    rejudge.add_argument("--campaign", help="campaign id (needed when the file holds several)")
+    rejudge.add_argument(
+        "--samples",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="ratings per judge and reply (K > 1 needs --temperature > 0; default 1)",
+    )
+    rejudge.add_argument(
+        "--temperature", type=float, help="judges' sampling temperature (default: greedy)"
+    )
+    rejudge.add_argument(
+        "--concurrency",
+        type=_positive,
+        default=4,
+        metavar="N",
+        help="ratings in flight (default 4)",
+    )
+    rejudge.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds per judge call (default 60)"
+    )
+    rejudge.add_argument(
+        "--max-calls",
+        type=_positive,
+        metavar="N",
+        help="at most N judge calls, re-asks included (default: no limit; exit 3 when reached)",
+    )
+    rejudge.add_argument(
+        "--taxonomy",
+        type=Path,
+        help="the campaign's taxonomy file, when it was not the built-in one",
+    )
+    rejudge.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
 
@@ -195,7 +247,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _taxonomy(args.path, args.detail)
     commands = {
         "events": _events, "run": _run, "report": _report, "export": _export,
-        "calibrate": _calibrate,
+        "calibrate": _calibrate, "rejudge": _rejudge,
     }  # fmt: skip
     if args.command in commands:
         return anyio.run(_until_sigterm, commands[args.command], args)
@@ -311,6 +363,9 @@ def _check(path: Path) -> int:
         print(visible(f"  agent     {name:<14} {model.provider}"))
     for name, model in config.counselors.items():
         print(visible(f"  counselor {name:<14} {model.provider}"))
+    samples = f" x {config.judges.samples} samples" if config.judges.samples > 1 else ""
+    for name, model in config.judges.panel.items():
+        print(visible(f"  panel     {name:<14} {model.provider}{samples} (reports only)"))
     return 0
 
 
@@ -404,6 +459,12 @@ async def _run(args: argparse.Namespace) -> int:
         print(
             f"mhsafeeval: did not complete: {visible(finished.conversation)}: "
             f"{visible(getattr(finished, 'detail', ''))}",
+            file=sys.stderr,
+        )
+    if result.panel is not None and result.panel.failed:
+        print(
+            f"mhsafeeval: {result.panel.failed} panel rating(s) failed (see the log); run the "
+            "same command again to retry them",
             file=sys.stderr,
         )
     if args.config is None:
@@ -562,8 +623,6 @@ async def _calibrate(args: argparse.Namespace) -> int:
     exit 1 when some judge calls failed for good (the rest is printed; a rerun retries them)."""
     from mhsafeeval.calibrate import RatingCache, calibrate, render_text, summarise
     from mhsafeeval.judges import builtin_labels, load_labels
-    from mhsafeeval.runtime.providers import ModelSettings
-    from mhsafeeval.runtime.providers._registry import settings_problems
     from mhsafeeval.taxonomy import builtin_taxonomy
 
     # Every input error is raised here, before the database is created.
@@ -571,21 +630,7 @@ async def _calibrate(args: argparse.Namespace) -> int:
     labels = "the built-in labels" if args.labels is None else str(args.labels)
     if args.limit:
         items = items[: args.limit]
-    try:
-        settings = ModelSettings(
-            provider=args.judge,
-            temperature=args.temperature,
-            timeout=args.timeout,
-            max_concurrency=args.concurrency,
-        )
-    except ValueError as exc:
-        from mhsafeeval.errors import validation_error
-
-        error = validation_error(None, exc)
-        option = f"--{(error.field or 'judge').replace('_', '-')}"
-        raise InputError(option, None, error.reason) from None
-    for field, reason in settings_problems(settings):
-        raise InputError(f"--judge {args.judge}", None if field == "provider" else field, reason)
+    settings = _judge_settings(args, args.judge)
     progress = None if args.quiet else sys.stderr
     print(
         visible(f"mhsafeeval: calibrating {args.judge} on {len(items)} items -> {args.db}"),
@@ -622,6 +667,88 @@ async def _calibrate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1 if run.failed else 0
+
+
+def _judge_settings(args: argparse.Namespace, address: str) -> ModelSettings:
+    """``--judge ADDRESS`` with the sampling options, as model settings (InputError naming
+    the option when one is wrong)."""
+    from mhsafeeval.errors import validation_error
+    from mhsafeeval.runtime.providers import ModelSettings
+    from mhsafeeval.runtime.providers._registry import settings_problems
+
+    try:
+        settings = ModelSettings(
+            provider=address,
+            temperature=args.temperature,
+            timeout=args.timeout,
+            max_concurrency=args.concurrency,
+        )
+    except ValueError as exc:
+        error = validation_error(None, exc)
+        option = f"--{(error.field or 'judge').replace('_', '-')}"
+        raise InputError(option, None, error.reason) from None
+    for field, reason in settings_problems(settings):
+        raise InputError(f"--judge {address}", None if field == "provider" else field, reason)
+    return settings
+
+
+async def _rejudge(args: argparse.Namespace) -> int:
+    """Rate a stored campaign's judged replies with other judges; exit 1 when some calls
+    failed (a rerun retries them), 3 when ``--max-calls`` stopped it."""
+    from mhsafeeval.rejudge import rejudge
+    from mhsafeeval.storage import SqliteEventStore
+
+    # Every input error is raised here, before anything is written.
+    if args.temperature is not None and not (0 <= args.temperature < float("inf")):
+        raise InputError("--temperature", None, "must be a finite number >= 0")
+    if args.samples > 1 and not (args.temperature or 0) > 0:
+        raise InputError(
+            "--samples", None, "more than 1 sample needs --temperature > 0 (greedy samples agree)"
+        )
+    judges = [_judge_settings(args, address) for address in dict.fromkeys(args.judges)]
+    if not await anyio.Path(args.db).is_file():
+        raise InputError(args.db, None, "no such file")
+    progress = None if args.quiet else sys.stderr
+    try:
+        async with SqliteEventStore(args.db) as store:
+            result = await rejudge(
+                store,
+                judges,
+                source=args.db,
+                campaign=args.campaign,
+                samples=args.samples,
+                concurrency=args.concurrency,
+                max_calls=args.max_calls,
+                taxonomy=args.taxonomy,
+                progress=progress,
+            )
+    except anyio.get_cancelled_exc_class():
+        print(
+            f"mhsafeeval: the ratings made so far are kept in {args.db}; run the same command "
+            "to continue",
+            file=sys.stderr,
+        )
+        raise
+    s = result.stats
+    print(
+        visible(
+            f"mhsafeeval: rejudge {result.campaign!r}: {result.replies} judged replies x "
+            f"{len(judges) * args.samples} rater(s): {s.made} rating(s) made, {s.present} "
+            f"already present, {result.unjudged} unjudged (not rated), {s.failed} failed"
+        ),
+        file=sys.stderr,
+    )
+    if result.limit_reached:
+        print(
+            f"mhsafeeval: stopped: --max-calls {args.max_calls} reached; {s.left} rating(s) "
+            "left: run again (with a larger limit) to continue",
+            file=sys.stderr,
+        )
+        return EXIT_BUDGET
+    if s.failed:
+        print("mhsafeeval: run the same command again to retry the failed ones", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _checked_body(body: bytes, row_type: str) -> tuple[dict[str, object], str]:

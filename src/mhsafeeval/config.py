@@ -41,6 +41,7 @@ __all__ = [
     "BudgetSection",
     "CampaignSection",
     "Config",
+    "JudgesSection",
     "LoggingSection",
     "SearchSection",
     "canonical_config",
@@ -146,8 +147,44 @@ class BudgetSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 raise ValueError(f"must be > 0 (leave it out for no limit) - at `$.{field}`")
 
 
-RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency")
-"""Config keys a resumed campaign may change; any other difference is refused."""
+RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency", "judges")
+"""Config keys a resumed campaign may change; any other difference is refused. ``judges``
+(the reporting panel) never steers the search: a panel added to a stored campaign rates the
+replies already stored too, and one removed simply rates no more."""
+
+MAX_PANEL_SAMPLES = 20
+"""The most times ``[judges]`` may sample each panel model per reply."""
+
+
+class JudgesSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[judges]``: a panel of *reporting* judges, apart from the search's ``[models.judge]``.
+
+    Each ``[judges.panel.NAME]`` table is a model table like ``[models.judge]``; its model rates
+    every reply the search's judge judged, ``samples`` times, with the same rubric, and never
+    sees a verdict. Its ratings are reported (``Rating`` events) and never steer the search.
+    Each member's ``provider`` address names its ratings, so two members need two addresses;
+    ``samples > 1`` needs ``temperature > 0`` in every member (greedy samples would be the same).
+    """
+
+    samples: Annotated[int, _at_most(1, MAX_PANEL_SAMPLES)] = 1
+    panel: dict[str, ModelSettings] = {}
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for name, model in self.panel.items():
+            if model.provider in seen:
+                raise ValueError(
+                    f"the same model as judges.panel.{seen[model.provider]} (a panel member's "
+                    "ratings are named by its address; use judges.samples to sample one model "
+                    f"several times) - at `$.panel.{name}.provider`"
+                )
+            seen[model.provider] = name
+            if self.samples > 1 and not (model.temperature or 0) > 0:
+                raise ValueError(
+                    f"must be > 0 when judges.samples is {self.samples} (greedy samples of one "
+                    f"model are all the same) - at `$.panel.{name}.temperature`"
+                )
+
 
 _ADDED_LATER = {"campaign.style": "random"}
 # Keys added after campaigns were first stored, with the value that means how a campaign stored
@@ -196,12 +233,15 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     budget: BudgetSection = BudgetSection()
     models: dict[str, ModelSettings] = {}
     counselors: dict[str, ModelSettings] = {}
+    judges: JudgesSection = JudgesSection()
     logging: LoggingSection = LoggingSection()
 
     def model_tables(self) -> list[tuple[str, ModelSettings]]:
-        """Every model table with its key path (``models.judge``, ``counselors.my-bot``)."""
+        """Every model table with its key path (``models.judge``, ``counselors.my-bot``,
+        ``judges.panel.gpt``)."""
         tables = [(f"models.{n}", m) for n, m in self.models.items()]
-        return tables + [(f"counselors.{n}", m) for n, m in self.counselors.items()]
+        tables += [(f"counselors.{n}", m) for n, m in self.counselors.items()]
+        return tables + [(f"judges.panel.{n}", m) for n, m in self.judges.panel.items()]
 
     def model_for(self, role: str) -> ModelSettings:
         """The model an agent role uses: ``[models.ROLE]``, else ``[models.default]``."""
@@ -253,8 +293,13 @@ AGENT_ROLES = ("client", "mutator", "judge", "refiner")
 
 
 def _convert(data: dict[str, Any], source: str | Path) -> Config:
-    for section in ("models", "counselors"):
-        tables = data.get(section, {})
+    judges = data.get("judges", {})
+    panel = judges.get("panel", {}) if isinstance(judges, dict) else {}
+    for section, tables in (
+        ("models", data.get("models", {})),
+        ("counselors", data.get("counselors", {})),
+        ("judges.panel", panel),
+    ):
         if isinstance(tables, dict):
             # Validate each table on its own: msgspec's paths do not name dict keys.
             for name, table in tables.items():

@@ -27,34 +27,21 @@ from typing import Any, Literal, TextIO
 import msgspec
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import (
-    ArchiveUpdated,
-    CallFailed,
-    CampaignStarted,
-    ClientUtterance,
-    ConversationStarted,
-    CounselorReply,
-    Directive,
-    Elite,
-    Instruction,
-    Message,
-    TurnCommitted,
-    Unjudged,
-    Usage,
-    Verdict,
-)
-from mhsafeeval.storage import EventStore
+from mhsafeeval.messages import ArchiveUpdated, Elite
+from mhsafeeval.storage import CampaignLog, EventStore, Outcome
 
-__all__ = ["AttemptRecord", "Outcome", "archive_json", "attempt_records", "export"]
-
-Outcome = Literal["verdict", "unjudged", "failed", "incomplete"]
-"""How an attempt ended: judged, judged without a valid verdict, a model call failed, or none of
-these yet (an interrupted campaign)."""
+__all__ = [
+    "AttemptRecord",
+    "Outcome",
+    "archive_json",
+    "attempt_records",
+    "campaign_log",
+    "export",
+    "records_of",
+]
 
 _LIST_SEPARATOR = " | "
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets read as a formula
-_OUTCOME_EVENTS = (Verdict, Unjudged, CallFailed)
-_ATTEMPT_EVENTS = (Directive, Instruction, ClientUtterance, CounselorReply, *_OUTCOME_EVENTS)
 
 
 class AttemptRecord(msgspec.Struct, kw_only=True):
@@ -63,7 +50,9 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     Text fields are ``None`` when the event that carries them never came (e.g. ``reply`` of an
     attempt whose counselor call failed). Verdict fields are ``None`` unless ``outcome`` is
     ``"verdict"``; when two judges scored one reply, the first verdict stored counts (as in the
-    search controllers), while ``judge_tokens`` sums every judge call of the attempt.
+    search controllers and every other figure: the rules are
+    :class:`~mhsafeeval.storage.CampaignLog`'s), while ``judge_tokens`` sums every judge call
+    of the attempt.
 
     Attributes:
         controller, category, role, operator: The search controller's choice (``operator`` is
@@ -74,9 +63,13 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
         style: The conversational style the client played (``""``: none).
         judge: The judge that gave the verdict (or the unjudged answer).
         failed_agent, failed_error: The first model call of the attempt that finally failed.
+        failed_calls: How many of the attempt's model calls finally failed.
         committed: This attempt became the conversation's turn.
-        client_tokens, counselor_tokens, judge_tokens, mutator_tokens: Prompt plus completion
-            tokens each role spent on this attempt.
+        client_tokens, counselor_tokens, judge_tokens, mutator_tokens, refiner_tokens,
+            panel_tokens: Prompt plus completion tokens each role spent on this attempt
+            (answers of calls that then failed included; ``panel``: reporting judges).
+        counselor_calls: Counselor calls the attempt made.
+        ratings: Each reporting judge's severity of the reply (None: unjudged), by rater.
         started_at, recorded_at: Unix times of the attempt's first and last stored event.
     """
 
@@ -108,60 +101,19 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     unjudged_reason: str | None = None
     failed_agent: str | None = None
     failed_error: str | None = None
+    failed_calls: int = 0
     committed: bool = False
     client_tokens: int = 0
     counselor_tokens: int = 0
     judge_tokens: int = 0
     mutator_tokens: int = 0
+    refiner_tokens: int = 0
+    panel_tokens: int = 0
+    counselor_calls: int = 0
     counselor_latency_s: float | None = None
+    ratings: dict[str, int | None] = {}
     started_at: float = 0.0
     recorded_at: float = 0.0
-
-
-def _tokens(usage: Usage | None) -> int:
-    return 0 if usage is None else usage.prompt_tokens + usage.completion_tokens
-
-
-def _apply(rec: AttemptRecord, event: Message) -> None:
-    """Fold one attempt event into its record."""
-    if isinstance(event, Directive):
-        rec.controller, rec.operator = event.controller, rec.operator or event.operator
-        rec.category, rec.role = event.category, event.role
-        if event.instruction and rec.instruction is None:
-            rec.instruction = event.instruction
-    elif isinstance(event, Instruction):
-        rec.instruction, rec.operator = event.text, event.operator
-        rec.mutator_tokens += _tokens(event.usage)
-    elif isinstance(event, ClientUtterance):
-        rec.utterance = event.text
-        rec.client_tokens += _tokens(event.usage)
-    elif isinstance(event, CounselorReply):
-        rec.reply, rec.finish_reason = event.text, event.finish_reason
-        rec.counselor_tokens += _tokens(event.usage)
-        if event.usage is not None:
-            rec.counselor_latency_s = (rec.counselor_latency_s or 0.0) + event.usage.latency_s
-    elif isinstance(event, Verdict):
-        rec.judge_tokens += _tokens(event.usage)
-        if rec.outcome != "verdict":
-            rec.outcome, rec.severity, rec.label = "verdict", event.severity, event.label
-            rec.reasoning, rec.evidence = event.reasoning, list(event.evidence)
-            rec.refused, rec.understood, rec.judge = event.refused, event.understood, event.judge
-    elif isinstance(event, Unjudged):
-        rec.judge_tokens += _tokens(event.usage)
-        if rec.unjudged_reason is None:
-            rec.unjudged_reason = event.reason
-        if rec.outcome in ("incomplete", "failed"):
-            rec.outcome, rec.judge = "unjudged", event.judge
-    elif isinstance(event, CallFailed):
-        spent = f"{event.agent}_tokens"  # answers that came back unusable were paid for
-        if event.usage is not None and isinstance(getattr(rec, spent, None), int):
-            setattr(rec, spent, getattr(rec, spent) + _tokens(event.usage))
-        if rec.failed_agent is None:
-            rec.failed_agent, rec.failed_error = event.agent, event.error
-        if rec.outcome == "incomplete":
-            rec.outcome = "failed"
-    if not rec.category and isinstance(event, Instruction | ClientUtterance | CounselorReply):
-        rec.category, rec.role = event.category, event.role
 
 
 async def _campaigns(
@@ -179,46 +131,69 @@ async def _campaigns(
     return [campaign]
 
 
-async def _fold(store: EventStore, campaign: str) -> list[AttemptRecord]:
-    """One campaign's attempt records, in order of each attempt's first event."""
-    records: dict[tuple[str, int, int, str], AttemptRecord] = {}
-    started: dict[str, ConversationStarted] = {}
-    commits: set[tuple[str, int, int, str]] = set()
-    threshold: int | None = None
+async def campaign_log(store: EventStore, campaign: str) -> CampaignLog:
+    """The :class:`~mhsafeeval.storage.CampaignLog` of one stored campaign, with its texts."""
+    log = CampaignLog(keep_text=True)
     async for stored in store.events(campaign):
-        event = stored.message
-        if isinstance(event, CampaignStarted):
-            threshold = event.threshold if threshold is None else threshold
-        elif isinstance(event, ConversationStarted):
-            started.setdefault(event.conversation, event)
-        elif isinstance(event, TurnCommitted):
-            planned = event.turn if event.committed_turn is None else event.committed_turn
-            commits.add(
-                (event.conversation, planned, event.committed_attempt, event.committed_branch)
+        assert stored.message is not None
+        log.add(stored.message, stored.recorded_at)
+    return log
+
+
+def records_of(log: CampaignLog, campaign: str) -> list[AttemptRecord]:
+    """The attempt records of a campaign's log, in order of each attempt's first event."""
+    out = []
+    for a in log.attempts.values():
+        conv = log.conversations.get(a.conversation)
+        tokens = {role: u.tokens for role, u in a.usage.items()}
+        out.append(
+            AttemptRecord(
+                campaign=campaign,
+                counselor_model=conv.counselor_model if conv else "",
+                profile_id=conv.profile_id if conv else "",
+                style=conv.style if conv else "",
+                conversation=a.conversation,
+                turn=a.turn,
+                attempt=a.attempt,
+                branch=a.branch,
+                controller=a.controller,
+                category=a.category,
+                role=a.role,
+                operator=a.operator,
+                instruction=a.instruction,
+                utterance=a.utterance,
+                reply=a.reply,
+                finish_reason=a.finish_reason,
+                outcome=a.outcome,
+                severity=a.severity,
+                success=None if a.severity is None else a.severity >= log.threshold,
+                label=a.label,
+                reasoning=a.reasoning,
+                evidence=list(a.evidence),
+                refused=a.refused,
+                understood=a.understood,
+                judge=a.judge
+                if a.severity is not None
+                else (a.unjudged_judge if a.unjudged_reason is not None else None),
+                unjudged_reason=a.unjudged_reason,
+                failed_agent=a.failed_agent,
+                failed_error=a.failed_error,
+                failed_calls=a.failed_calls,
+                committed=log.committed(a),
+                client_tokens=tokens.get("client", 0),
+                counselor_tokens=tokens.get("counselor", 0),
+                judge_tokens=tokens.get("judge", 0),
+                mutator_tokens=tokens.get("mutator", 0),
+                refiner_tokens=tokens.get("refiner", 0),
+                panel_tokens=tokens.get("panel", 0),
+                counselor_calls=a.usage["counselor"].calls if "counselor" in a.usage else 0,
+                counselor_latency_s=a.counselor_latency_s,
+                ratings={r: f.severity for r, f in a.ratings.items()},
+                started_at=a.first_at,
+                recorded_at=a.last_at,
             )
-        elif isinstance(event, _ATTEMPT_EVENTS):
-            key = (event.conversation, event.turn, event.attempt, event.branch)
-            rec = records.get(key)
-            if rec is None:
-                rec = records[key] = AttemptRecord(
-                    campaign=campaign,
-                    conversation=event.conversation,
-                    turn=event.turn,
-                    attempt=event.attempt,
-                    branch=event.branch,
-                    started_at=stored.recorded_at,
-                )
-            _apply(rec, event)
-            rec.recorded_at = stored.recorded_at
-    level = 2 if threshold is None else threshold
-    for key, rec in records.items():
-        if (conv := started.get(rec.conversation)) is not None:
-            rec.counselor_model, rec.profile_id = conv.counselor_model, conv.profile_id
-            rec.style = conv.style
-        if rec.severity is not None:
-            rec.success = rec.severity >= level
-        rec.committed = key in commits
-    return list(records.values())
+        )
+    return out
 
 
 async def attempt_records(
@@ -232,7 +207,7 @@ async def attempt_records(
     """
     out: list[AttemptRecord] = []
     for name in await _campaigns(store, campaign, source):
-        out += await _fold(store, name)
+        out += records_of(await campaign_log(store, name), name)
     return out
 
 
@@ -269,6 +244,8 @@ def _csv_value(value: Any) -> Any:
         return ""
     if isinstance(value, list):
         value = _LIST_SEPARATOR.join(str(v) for v in value)
+    elif isinstance(value, dict):
+        value = _LIST_SEPARATOR.join(f"{k}={'' if v is None else v}" for k, v in value.items())
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         return "'" + value  # model text must never run as a formula (OWASP CSV injection)
     return value
@@ -285,8 +262,9 @@ async def export(
     """Write one line (``jsonl``) or row (``csv``) per attempt to ``out``; return the count.
 
     CSV has a header row naming every :class:`AttemptRecord` field; lists are joined with
-    ``" | "`` and ``None`` is an empty cell. Fields with commas, quotes or line breaks are
-    quoted, so a multi-line reply stays one record: open a file for it with ``newline=""``.
+    ``" | "``, ``ratings`` is written ``rater=severity | ...``, and ``None`` is an empty cell.
+    Fields with commas, quotes or line breaks are quoted, so a multi-line reply stays one
+    record: open a file for it with ``newline=""``.
 
     CSV files are opened in spreadsheets, and the text in them comes from models: a text cell
     that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return gets a leading

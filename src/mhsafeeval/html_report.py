@@ -27,9 +27,9 @@ from typing import Any
 import msgspec
 
 from mhsafeeval.costs import role_cost
-from mhsafeeval.export import archive_json, attempt_records
+from mhsafeeval.export import archive_json, records_of
 from mhsafeeval.messages import CampaignStarted
-from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_report
+from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
 from mhsafeeval.storage import EventStore, ModelMetrics
 
 __all__ = ["WARNING", "build_html", "embed_json"]
@@ -297,6 +297,105 @@ def _usage_table(models: list[ModelMetrics]) -> str:
     return _table(head, rows, "usage")
 
 
+def _cost_table(report: CampaignReport) -> str:
+    rows = []
+    for name, m in report.models.items():
+        c = report.cost.get(name)
+        if c is None or not m.counselor_calls:
+            continue
+        rows.append(
+            [
+                _e(name),
+                str(m.counselor_calls),
+                str(m.successes),
+                str(m.filled_cells),
+                _num(c.calls_per_success),
+                _num(c.calls_per_filled_cell),
+                _usd(c.usd),
+                "\u2013" if c.usd_per_filled_cell is None else f"{c.usd_per_filled_cell:.4f}",
+            ]
+        )
+    if not rows:
+        return ""
+    head = ["model", "counselor calls", "successful turns", "filled cells"]
+    head += ["calls per success", "calls per filled cell", "est. USD", "USD per filled cell"]
+    return "<h3>Cost per finding</h3>" + _table(head, rows, "cost")
+
+
+def _num(value: float | None) -> str:
+    return "\u2013" if value is None else f"{value:.1f}"
+
+
+def _judges_table(m: ModelMetrics, threshold: int) -> str:
+    rows = []
+    for j in m.judges:
+        kappa = "\u2013" if j.kappa_vs_search is None else f"{j.kappa_vs_search:.2f}"
+        rows.append(
+            [
+                f"<b>{_e(j.rater)}</b>",
+                _e(j.source),
+                str(j.rated),
+                str(j.unjudged),
+                f"{_fmt(j.overall_asr)} {_ci(j.overall_asr_ci)}",
+                f"{_fmt(j.verdict_asr)} {_ci(j.verdict_asr_ci)}",
+                "\u2013" if j.mean_severity is None else f"{j.mean_severity:.2f}",
+                f"{kappa} {_ci(j.kappa_vs_search_ci)}",
+            ]
+        )
+    head = ["rater", "source", "rated", "unjudged", "ASR (turns)", "ASR (replies)"]
+    head += ["mean severity", "kappa vs search judge"]
+    out = [
+        f"<h3>Judges of {_e(m.model)}: the search's judge and the reporting judges</h3>",
+        f"<p>On the replies the search judged; success = severity \u2265 {threshold}. "
+        "<i>panel</i>: the lower median of the panel's severities (a strict majority must rate a "
+        "level), refused and understood by strict majority.</p>",
+        _table(head, rows, "judges"),
+    ]
+    a = m.agreement
+    if a is not None:
+        alpha = "\u2013" if a.alpha is None else f"{a.alpha:.2f}"
+        out.append(
+            f"<p>Krippendorff's alpha (ordinal), {len(a.raters)} raters over {a.units} replies: "
+            f"<b>{alpha}</b> {_ci(a.alpha_ci)}</p>"
+        )
+        pairs = [
+            [
+                _e(p.a),
+                _e(p.b),
+                str(p.pairs),
+                ("\u2013" if p.weighted_kappa is None else f"{p.weighted_kappa:.2f}")
+                + f" {_ci(p.weighted_kappa_ci)}",
+            ]
+            for p in a.pairwise
+        ]
+        out.append(_table(["rater", "rater", "replies", "weighted kappa"], pairs, "agreement"))
+    return "".join(out)
+
+
+def _comparison_table(report: CampaignReport) -> str:
+    if not report.comparisons:
+        return ""
+    rows = [
+        [
+            _e(c.a),
+            _e(c.b),
+            str(c.profiles),
+            _fmt(c.asr_a),
+            _fmt(c.asr_b),
+            "\u2013" if c.difference is None else f"{c.difference:+.3f}",
+            "\u2013" if c.p_value is None else f"{c.p_value:.3f}",
+            "larger than the noise" if c.beyond_noise else "within the noise",
+        ]
+        for c in report.comparisons
+    ]
+    head = ["model A", "model B", "profiles", "ASR A", "ASR B", "difference", "p", "verdict"]
+    return (
+        "<h3>Counselor models compared (paired by client profile)</h3>"
+        "<p>Per-profile ASR, sign-flip permutation test over profiles.</p>"
+        + _table(head, rows, "compare")
+    )
+
+
 def _section(index: int, report: CampaignReport, config: str, records: list[Any]) -> str:
     models = list(report.models.values())
     refine = {m.model: {k + 1: v for k, v in m.success_by_attempt.items()} for m in models}
@@ -326,6 +425,9 @@ def _section(index: int, report: CampaignReport, config: str, records: list[Any]
             _severity_table(list(report.models), records),
             "<h3>Calls and tokens per agent role</h3>",
             _usage_table(models),
+            _cost_table(report),
+            *(_judges_table(m, report.threshold) for m in models if m.judges),
+            _comparison_table(report),
             "<h3>Transcripts</h3>",
             f'<div class="transcripts" data-campaign="{index}"></div>',
             "<h3>Configuration</h3>",
@@ -351,12 +453,12 @@ async def build_html(
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
     """
-    reports = await load_report(store, campaign, source=source)
+    loaded = await load_reports_and_logs(store, campaign, source=source)
+    reports = [r for r, _ in loaded]
     sections, data = [], []
-    for index, report in enumerate(reports):
+    for index, (report, log) in enumerate(loaded):
         records = [
-            {f: getattr(r, f) for f in _RECORD_FIELDS}
-            for r in await attempt_records(store, report.campaign, source=source)
+            {f: getattr(r, f) for f in _RECORD_FIELDS} for r in records_of(log, report.campaign)
         ]
         config = await _config_text(store, report.campaign)
         sections.append(_section(index, report, config, records))

@@ -43,6 +43,7 @@ __all__ = [
     "Instruction",
     "Message",
     "Operator",
+    "Rating",
     "RefinerNotes",
     "SearchStats",
     "Seed",
@@ -258,6 +259,44 @@ class Unjudged(Message, frozen=True, tag="judge.unjudged"):
     usage: Usage | None = None
 
 
+class Rating(Message, frozen=True, tag="judge.rating"):
+    """A reporting judge's rating of one counselor reply that the search's judge scored.
+
+    Reporting judges (the campaign's ``[judges]`` panel, or ``mhsafeeval rejudge`` later) rate
+    the replies the search already judged, with the same rubric, and never see any other
+    verdict; no controller subscribes to ratings, so they never steer the search. A rating
+    sits at the rated attempt's coordinates (``conversation``, ``turn``, ``attempt``,
+    ``branch``) with ``key = "rating:" + rater``: one rater rates one reply once, and storing
+    it again (a resumed run, a second ``rejudge``) adds nothing.
+
+    ``rater`` names the panel member: the judge's address, with ``#k`` for the k-th sample
+    when one model is sampled several times (``"litellm/openai/gpt-4o#2"``). ``severity`` is
+    None when no valid answer could be had (``reason`` says why): such a rating is counted
+    apart and never read as safe. ``source`` is ``"panel"`` (during the campaign) or
+    ``"rejudge"``.
+    """
+
+    category: str
+    role: str
+    rater: str
+    judge: str = ""
+    severity: int | None = None
+    label: str = ""
+    reasoning: str = ""
+    evidence: tuple[str, ...] = ()
+    refused: bool = False
+    understood: bool = True
+    reason: str = ""
+    source: str = "panel"
+    asks: int = 1
+    usage: Usage | None = None
+
+    @staticmethod
+    def key_for(rater: str) -> str:
+        """The ``key`` of ``rater``'s rating (one per rater and reply)."""
+        return f"rating:{rater}"
+
+
 class CallFailed(Message, frozen=True, tag="call.failed"):
     """A model call that finally failed; the attempt it belonged to does not count.
 
@@ -435,5 +474,6 @@ ANSWERED_BY: dict[type[Message], str] = {
     Verdict: "judge",
     Unjudged: "judge",
     RefinerNotes: "refiner",
+    Rating: "panel",
 }
 """The agent role whose model call each answer message carries (its ``usage``)."""

@@ -6,25 +6,13 @@ from __future__ import annotations
 import atexit
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TextIO
 
-from mhsafeeval.messages import (
-    ArchiveUpdated,
-    CallFailed,
-    CampaignFinished,
-    CampaignStarted,
-    ConversationFinished,
-    ConversationStarted,
-    Message,
-    TurnCommitted,
-    Unjudged,
-    Usage,
-    Verdict,
-)
+from mhsafeeval.messages import CampaignFinished, ConversationFinished, Message
 from mhsafeeval.runtime._text import visible
 from mhsafeeval.runtime.providers import ResilientClient
+from mhsafeeval.storage import CampaignLog
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
@@ -121,22 +109,9 @@ class Progress:
         self.started = clock()
         self._last = -1e9
         self._final_drawn = False
-        self.planned_conversations = 0
-        self.max_turns = 0
-        self.conversations = 0
-        self.finished = 0
-        self.turns = 0
-        self.skipped_turns = 0  # turns that conversations which ended early will never take
-        self.attempts = 0
-        self.unjudged = 0
-        self.failed_calls = 0
-        self.calls = 0
-        self.tokens = 0
-        self.model_of: dict[str, str] = {}
-        self.turns_by_model: dict[str, int] = defaultdict(int)
-        self.wins_by_model: dict[str, int] = defaultdict(int)
-        self.filled: dict[str, set[tuple[str, str]]] = defaultdict(set)
-        self.cells = 0
+        self.log = CampaignLog(retain=False)
+        """The campaign's facts, folded as messages arrive: every figure shown is read from it,
+        with the report's definitions (a finished conversation's details are let go)."""
         self._clients: list[ResilientClient] = []
         self.turns_before = 0  # turns a resumed campaign had committed before this run
         self.eta = Eta()
@@ -174,39 +149,31 @@ class Progress:
             live.stop()
 
     def _fold(self, msg: Message) -> None:
-        usage: Usage | None = getattr(msg, "usage", None)
-        if usage is not None:
-            self.calls += usage.calls
-            self.tokens += usage.prompt_tokens + usage.completion_tokens
-        if isinstance(msg, CampaignStarted):
-            self.planned_conversations = msg.planned_conversations
-            self.max_turns = msg.max_turns
-            self.cells = len(msg.cells)
-        elif isinstance(msg, ConversationStarted):
-            self.conversations += 1
-            self.model_of[msg.conversation] = msg.counselor_model
-        elif isinstance(msg, ConversationFinished):
-            self.finished += 1
-            self.skipped_turns += max(0, self.max_turns - msg.turns)
-        elif isinstance(msg, TurnCommitted):
-            self.turns += 1
-            model = self.model_of.get(msg.conversation, "?")
-            self.turns_by_model[model] += 1
-            self.wins_by_model[model] += msg.success
-        elif isinstance(msg, Verdict):
-            self.attempts += 1
-        elif isinstance(msg, Unjudged):
-            self.attempts += 1
-            self.unjudged += 1
-        elif isinstance(msg, CallFailed):
-            self.failed_calls += 1
-        elif isinstance(msg, ArchiveUpdated) and msg.severity >= 2:
-            self.filled[msg.counselor_model].add((msg.category, msg.role))
+        self.log.add(msg)
+
+    @property
+    def planned_conversations(self) -> int:
+        """Conversations the campaign plans (0 before its start is seen)."""
+        start = self.log.start
+        return start.planned_conversations if start is not None else 0
+
+    @property
+    def finished(self) -> int:
+        """Conversations that ended."""
+        return self.log.finished
+
+    @property
+    def turns(self) -> int:
+        """Turns committed."""
+        return self.log.committed_count
 
     @property
     def planned_turns(self) -> int:
         """Turns the campaign will run at most (less those of conversations that ended early)."""
-        return self.planned_conversations * self.max_turns - self.skipped_turns
+        start = self.log.start
+        if start is None:
+            return 0
+        return start.planned_conversations * start.max_turns - self.log.skipped_turns
 
     def lines(self, now: float | None = None) -> list[str]:
         """The status as short text lines (the ETA as of the last redraw)."""
@@ -221,17 +188,24 @@ class Progress:
             eta = f"{shown / 60:.1f} min"
         retries = sum(c.stats.retries for c in self._clients)
         waited = sum(c.stats.retry_wait_s for c in self._clients)
+        log = self.log
+        spent = log.spent()
+        attempts, unjudged = log.replied()
         out = [
             f"conversations {self.finished}/{self.planned_conversations} done, "
-            f"turns {self.turns}/{self.planned_turns}, attempts {self.attempts}",
-            f"calls {self.calls}, tokens {self.tokens:,}, "
+            f"turns {self.turns}/{self.planned_turns}, attempts {attempts}",
+            f"calls {sum(u.calls for u in spent.values())}, "
+            f"tokens {sum(u.tokens for u in spent.values()):,}, "
             f"retries {retries} ({waited:.1f} s backing off)",
-            f"failed calls {self.failed_calls}, unjudged {self.unjudged}",
+            f"failed calls {sum(log.failed.values())}, unjudged {unjudged}",
         ]
-        for model, turns in sorted(self.turns_by_model.items()):
-            asr = self.wins_by_model[model] / turns if turns else 0.0
-            coverage = len(self.filled[model]) / self.cells if self.cells else 0.0
-            out.append(f"{model}: ASR {asr:.3f} over {turns} turns, coverage {coverage:.3f}")
+        for model in sorted(log.models()):
+            turns, judged, asr, coverage = log.headline(model)
+            rate = "-" if asr is None else f"{asr:.3f}"
+            out.append(
+                f"{model}: ASR {rate} over {judged} judged of {turns} turns, "
+                f"coverage {coverage:.3f} (severity >= {log.threshold})"
+            )
         out.append(f"elapsed {elapsed / 60:.1f} min, ETA {eta}")
         return [visible(line) for line in out]  # model names come from a config
 

@@ -15,13 +15,43 @@ import msgspec
 
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import CampaignStarted, Message
-from mhsafeeval.storage import EventStore, ModelMetrics, RoleUsage, compute_metrics
+from mhsafeeval.export import campaign_log
+from mhsafeeval.storage import (
+    CampaignLog,
+    EventStore,
+    ModelComparison,
+    ModelMetrics,
+    RoleUsage,
+    compare_models,
+    metrics_of,
+)
 
-__all__ = ["SPARSE_ATTEMPTS", "CampaignReport", "load_report", "render_text", "report_json"]
+__all__ = [
+    "SPARSE_ATTEMPTS",
+    "CampaignReport",
+    "ModelCost",
+    "load_report",
+    "load_reports_and_logs",
+    "render_text",
+    "report_json",
+]
 
 SPARSE_ATTEMPTS = 5
 """A cell with fewer judged attempts than this is sparse: its ASR says little."""
+
+
+class ModelCost(msgspec.Struct, kw_only=True):
+    """What one counselor model's part of the campaign cost, per finding.
+
+    USD is estimated from litellm's price map (:mod:`mhsafeeval.costs`) over every role's
+    tokens; None where a model has no price (or nothing was found to divide by).
+    """
+
+    usd: float | None = None
+    usd_per_success: float | None = None
+    usd_per_filled_cell: float | None = None
+    calls_per_success: float | None = None
+    calls_per_filled_cell: float | None = None
 
 
 class CampaignReport(msgspec.Struct, kw_only=True):
@@ -35,6 +65,52 @@ class CampaignReport(msgspec.Struct, kw_only=True):
     retried: int = 0
     """Events of failed turns a resumed run moved aside to retry those turns (kept, not
     counted in the metrics, which describe the retried history)."""
+    cost: dict[str, ModelCost] = {}
+    comparisons: list[ModelComparison] = []
+    """Each pair of counselor models, paired by profile (see storage.compare_models)."""
+
+
+def _cost(m: ModelMetrics) -> ModelCost:
+    costs = [role_cost(u) for u in m.usage.values()]
+    usd = None if any(c is None for c in costs) else sum(c or 0.0 for c in costs)
+    return ModelCost(
+        usd=usd,
+        usd_per_success=usd / m.successes if usd is not None and m.successes else None,
+        usd_per_filled_cell=(usd / m.filled_cells if usd is not None and m.filled_cells else None),
+        calls_per_success=m.calls_per_success,
+        calls_per_filled_cell=m.calls_per_filled_cell,
+    )
+
+
+def report_of(log: CampaignLog, campaign: str, *, retried: int = 0) -> CampaignReport:
+    """The report of one campaign's :class:`~mhsafeeval.storage.CampaignLog`."""
+    models = metrics_of(log, log.cells, threshold=log.threshold)
+    return CampaignReport(
+        campaign=campaign,
+        cells=log.cells,
+        threshold=log.threshold,
+        events=log.events,
+        models=models,
+        retried=retried,
+        cost={name: _cost(m) for name, m in models.items()},
+        comparisons=compare_models(log, threshold=log.threshold),
+    )
+
+
+async def load_reports_and_logs(
+    store: EventStore, campaign: str | None = None, *, source: str | Path | None = None
+) -> list[tuple[CampaignReport, CampaignLog]]:
+    """Like :func:`load_report`, with each campaign's log (texts kept) beside its report."""
+    known = [c.id for c in await store.list_campaigns()]
+    if campaign is not None and campaign not in known:
+        raise InputError(
+            source, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
+        )
+    out = []
+    for name in [campaign] if campaign else known:
+        log = await campaign_log(store, name)
+        out.append((report_of(log, name, retried=await store.superseded(name)), log))
+    return out
 
 
 async def load_report(
@@ -44,33 +120,7 @@ async def load_report(
 
     ``source`` names the database in errors.
     """
-    known = [c.id for c in await store.list_campaigns()]
-    if campaign is not None and campaign not in known:
-        raise InputError(
-            source, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
-        )
-    reports = []
-    for name in [campaign] if campaign else known:
-        events: list[Message] = []
-        start: CampaignStarted | None = None
-        async for stored in store.events(name):
-            assert stored.message is not None
-            events.append(stored.message)
-            if isinstance(stored.message, CampaignStarted) and start is None:
-                start = stored.message
-        cells = [tuple(c) for c in start.cells] if start else []
-        threshold = start.threshold if start else 2
-        reports.append(
-            CampaignReport(
-                campaign=name,
-                cells=cells,  # type: ignore[arg-type]
-                threshold=threshold,
-                events=len(events),
-                models=compute_metrics(events, cells, threshold=threshold),  # type: ignore[arg-type]
-                retried=await store.superseded(name),
-            )
-        )
-    return reports
+    return [r for r, _ in await load_reports_and_logs(store, campaign, source=source)]
 
 
 def _usd(usage: RoleUsage) -> str:
@@ -193,7 +243,86 @@ def render_text(report: CampaignReport) -> str:
             )
         if spent:
             lines.append(f"{'':<22}spent: {spent}")
+        lines += _cost_lines(report.cost.get(m.model), m)
+        lines += _judge_lines(m, report.threshold)
+    lines += _comparison_lines(report.comparisons)
     return "\n".join(lines)
+
+
+def _num(value: float | None, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _cost_lines(cost: ModelCost | None, m: ModelMetrics) -> list[str]:
+    if cost is None or not m.counselor_calls:
+        return []
+    usd = "" if cost.usd is None else f", ${cost.usd:.4f} in all"
+    per_cell = "" if cost.usd_per_filled_cell is None else f" (${cost.usd_per_filled_cell:.4f})"
+    return [
+        f"{'':<22}cost per finding: {m.counselor_calls} counselor calls{usd}; "
+        f"{_num(cost.calls_per_success)} per successful turn, "
+        f"{_num(cost.calls_per_filled_cell)} per filled cell{per_cell}"
+    ]
+
+
+def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
+    if not m.judges:
+        return []
+    lines = [
+        "",
+        f"{m.model}: the search's judge and the reporting judges, on the replies the search "
+        f"judged (success = severity >= {threshold})",
+        f"{'rater':<34}{'rated':>7}{'unjdg':>7}{'ASR':>8}  {'95% CI':<11}{'per rep':>8}"
+        f"{'mean':>6}  kappa vs search",
+    ]
+    for j in m.judges:
+        kappa = (
+            ""
+            if j.kappa_vs_search is None
+            else f"{j.kappa_vs_search:.2f} ({_ci(j.kappa_vs_search_ci)})"
+        )
+        lines.append(
+            f"{j.rater[:33]:<34}{j.rated:>7}{j.unjudged:>7}{_pct(j.overall_asr):>8}  "
+            f"{_ci(j.overall_asr_ci):<11}{_pct(j.verdict_asr):>8}"
+            f"{_num(j.mean_severity, '.2f'):>6}  {kappa}"
+        )
+    if any(j.rater == "panel" for j in m.judges):
+        lines.append(
+            f"{'':<2}panel = lower median of the panel's severities (a strict majority must "
+            "rate a level for the reply to reach it); refused/understood by strict majority"
+        )
+    a = m.agreement
+    if a is not None:
+        alpha = "-" if a.alpha is None else f"{a.alpha:.2f} ({_ci(a.alpha_ci)})"
+        lines.append(
+            f"{'':<2}Krippendorff's alpha (ordinal, {len(a.raters)} raters, {a.units} replies): "
+            f"{alpha}"
+        )
+        for pair in a.pairwise:
+            kappa = (
+                "-"
+                if pair.weighted_kappa is None
+                else f"{pair.weighted_kappa:.2f} ({_ci(pair.weighted_kappa_ci)})"
+            )
+            lines.append(f"{'':<2}kappa {pair.a} ~ {pair.b}: {kappa} over {pair.pairs} replies")
+    return lines
+
+
+def _comparison_lines(comparisons: list[ModelComparison]) -> list[str]:
+    if not comparisons:
+        return []
+    lines = ["", "counselor models compared, paired by client profile (ASR per profile):"]
+    for c in comparisons:
+        if not c.profiles:
+            lines.append(f"  {c.a} vs {c.b}: no profile judged under both")
+            continue
+        verdict = "larger than the noise" if c.beyond_noise else "within the noise"
+        lines.append(
+            f"  {c.a} {_pct(c.asr_a).strip()} vs {c.b} {_pct(c.asr_b).strip()}: difference "
+            f"{c.difference:+.3f} over {c.profiles} profiles, p = {c.p_value:.3f} "
+            f"(sign-flip permutation test): {verdict}"
+        )
+    return lines
 
 
 def report_json(reports: list[CampaignReport]) -> Any:
@@ -203,6 +332,12 @@ def report_json(reports: list[CampaignReport]) -> Any:
     where the rate is): ``overall_asr_ci``, ``asr_first_attempt_ci``, ``refusal_rate_ci``,
     ``comprehension_rate_ci``, ``asr_at_3_ci``, ``asr_at_4_ci``, ``asr_at_k_ci``,
     ``success_by_attempt_ci`` and per cell ``asr_ci``; ``coverage`` has none.
+
+    Per model also ``judges`` (the search's judge, each reporting rater, the panel's
+    aggregate) and ``agreement`` (Krippendorff's alpha, pairwise weighted kappa); per
+    campaign ``cost`` (per model: ``usd``, ``usd_per_success``, ``usd_per_filled_cell``,
+    ``calls_per_success``, ``calls_per_filled_cell``) and ``comparisons`` (each pair of
+    counselor models, paired by profile, with ``p_value`` and ``beyond_noise``).
     """
     return msgspec.to_builtins(
         {
@@ -211,6 +346,8 @@ def report_json(reports: list[CampaignReport]) -> Any:
                 "events": r.events,
                 "retried": r.retried,
                 "models": r.models,
+                "cost": r.cost,
+                "comparisons": r.comparisons,
             }
             for r in reports
         }

@@ -35,11 +35,16 @@ from typing import Final, TypedDict, TypeVar
 __all__ = [
     "Rate",
     "ThresholdRates",
+    "alpha_from_coincidences",
     "bootstrap_statistic",
     "cluster_bootstrap",
+    "cluster_bootstrap_tables",
+    "coincidence_table",
     "confusion_matrix",
+    "kappa_from_table",
     "krippendorff_alpha",
     "normal_quantile",
+    "pair_table",
     "permutation_test_paired",
     "rate_clustered",
     "rate_wilson",
@@ -432,6 +437,15 @@ def _check_same_length(a: Sequence[object], b: Sequence[object], names: str = "a
         )
 
 
+def _weight(weights: str, i: int, j: int) -> float:
+    """The disagreement weight of level positions ``i`` and ``j`` (see weighted_kappa)."""
+    if weights == "quadratic":
+        return float((i - j) ** 2)
+    if weights == "linear":
+        return float(abs(i - j))
+    return float(i != j)
+
+
 def weighted_kappa(
     a: Sequence[int],
     b: Sequence[int],
@@ -476,11 +490,7 @@ def weighted_kappa(
     pa, pb = _positions("a", a, index), _positions("b", b, index)
 
     def weight(i: int, j: int) -> float:
-        if weights == "quadratic":
-            return float((i - j) ** 2)
-        if weights == "linear":
-            return float(abs(i - j))
-        return float(i != j)
+        return _weight(weights, i, j)
 
     # The normalising constant of the weights (e.g. (k - 1) ** 2) cancels in the ratio.
     n = len(pa)
@@ -583,6 +593,194 @@ def krippendorff_alpha(
     if expected == 0:
         return 1.0
     return 1.0 - (n - 1.0) * observed / expected
+
+
+Table = list[list[int]]
+
+
+def pair_table(
+    a: Sequence[int], b: Sequence[int], *, levels: Sequence[int] = _SEVERITY_LEVELS
+) -> Table:
+    """The counts of rating pairs: ``table[i][j]`` pairs rated ``levels[i]`` by the first
+    rater and ``levels[j]`` by the second (what :func:`kappa_from_table` reads).
+
+    Raises:
+        ValueError: for different lengths or a rating outside ``levels``.
+    """
+    _check_same_length(a, b)
+    index = _level_index(levels)
+    table = [[0] * len(levels) for _ in levels]
+    for i, j in zip(_positions("a", a, index), _positions("b", b, index), strict=True):
+        table[i][j] += 1
+    return table
+
+
+def kappa_from_table(table: Sequence[Sequence[float]], *, weights: str = "quadratic") -> float:
+    """:func:`weighted_kappa` computed from a :func:`pair_table` (the same value: a kappa
+    depends on the ratings only through that table; nan for an empty table).
+
+    Example:
+        >>> t = pair_table([1, 2, 3, 3], [1, 3, 3, 2], levels=(1, 2, 3))
+        >>> kappa_from_table(t) == weighted_kappa([1, 2, 3, 3], [1, 3, 3, 2], levels=(1, 2, 3))
+        True
+    """
+    if weights not in ("quadratic", "linear", "none"):
+        raise ValueError(f"weights: expected 'quadratic', 'linear' or 'none', got {weights!r}")
+
+    def weight(i: int, j: int) -> float:
+        return _weight(weights, i, j)
+
+    k = len(table)
+    n = math.fsum(math.fsum(row) for row in table)
+    if n == 0:
+        return math.nan
+    observed = math.fsum(table[i][j] * weight(i, j) for i in range(k) for j in range(k)) / n
+    rows = [math.fsum(table[i]) for i in range(k)]
+    cols = [math.fsum(table[i][j] for i in range(k)) for j in range(k)]
+    expected = math.fsum(
+        rows[i] * cols[j] * weight(i, j) for i in range(k) for j in range(k) if rows[i] and cols[j]
+    ) / (n * n)
+    if expected == 0:
+        return 1.0 if observed == 0 else 0.0
+    return 1.0 - observed / expected
+
+
+def coincidence_table(
+    ratings: Sequence[Sequence[int | None]],
+    *,
+    coders: int,
+    levels: Sequence[int] = _SEVERITY_LEVELS,
+) -> Table:
+    """Krippendorff's coincidence matrix of a units x coders matrix, in integers.
+
+    Each ordered pair of ratings of one unit by two coders adds ``1 / (m - 1)`` (``m``: the
+    unit's ratings); here it adds ``scale / (m - 1)`` with ``scale`` the least common multiple
+    of 1 .. ``coders - 1``, so every entry is an exact integer and tables of disjoint units
+    add up. :func:`alpha_from_coincidences` divides the scale out.
+    """
+    index = _level_index(levels)
+    scale = _coincidence_scale(coders)
+    table = [[0] * len(levels) for _ in levels]
+    for u, row in enumerate(ratings):
+        values = []
+        for c, value in enumerate(row):
+            if value is None:
+                continue
+            if value not in index:
+                raise ValueError(
+                    f"ratings[{u}][{c}]: {value!r} is not one of the levels {list(index)!r}"
+                )
+            values.append(index[value])
+        m = len(values)
+        if m < 2:
+            continue
+        if m > coders:
+            raise ValueError(f"ratings[{u}]: {m} ratings, more than coders={coders}")
+        for x, y in itertools.permutations(values, 2):
+            table[x][y] += scale // (m - 1)
+    return table
+
+
+def _coincidence_scale(coders: int) -> int:
+    return math.lcm(*range(1, max(coders, 2)))
+
+
+def alpha_from_coincidences(
+    table: Sequence[Sequence[float]],
+    *,
+    coders: int,
+    level: str = "ordinal",
+    levels: Sequence[int] = _SEVERITY_LEVELS,
+) -> float:
+    """:func:`krippendorff_alpha` from a :func:`coincidence_table` (sums of such tables
+    included): the same value, since alpha depends on the ratings only through it.
+
+    Example:
+        >>> rows = [[1, 2, None], [2, 2, 3], [3, 3, 3], [1, None, None]]
+        >>> t = coincidence_table(rows, coders=3)
+        >>> round(alpha_from_coincidences(t, coders=3), 12) == round(krippendorff_alpha(rows), 12)
+        True
+    """
+    if level not in ("nominal", "ordinal", "interval"):
+        raise ValueError(f"level: expected 'nominal', 'ordinal' or 'interval', got {level!r}")
+    inv = 1.0 / _coincidence_scale(coders)
+    k = len(levels)
+    marginals = [sum(table[i]) * inv for i in range(k)]
+    n = sum(marginals)
+    if n == 0:
+        return math.nan
+    cumulative = [0.0, *itertools.accumulate(marginals)]
+    observed = expected = 0.0
+    for i in range(k):  # d(i, i) is 0 and d is symmetric: the pairs i < j, twice
+        mi = marginals[i]
+        for j in range(i + 1, k):
+            mj = marginals[j]
+            pair = table[i][j] + table[j][i]
+            if not (pair or (mi and mj)):
+                continue
+            if level == "nominal":
+                d = 1.0
+            elif level == "interval":
+                d = float((levels[i] - levels[j]) ** 2)
+            else:
+                d = (cumulative[j + 1] - cumulative[i] - (mi + mj) / 2.0) ** 2
+            observed += pair * inv * d
+            expected += 2.0 * mi * mj * d
+    if expected == 0:
+        return 1.0
+    return 1.0 - (n - 1.0) * observed / expected
+
+
+def cluster_bootstrap_tables(
+    tables: Sequence[Table],
+    statistic: Callable[[Table], float],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """A percentile bootstrap interval of a statistic of summed count tables, resampling
+    whole clusters (conversations), each contributing its table of non-negative integers.
+
+    The same resampling as :func:`bootstrap_statistic` over clusters, fast: each cluster's
+    table is packed into one integer (fixed-width fields wide enough for any resample's sums),
+    so a resample is a sum of integers, unpacked once. Resamples where ``statistic`` is nan
+    are skipped.
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` with no clusters or no defined resample.
+    """
+    _check_resamples(resamples)
+    _check_confidence(confidence)
+    if not tables:
+        return (math.nan, math.nan)
+    rows, cols = len(tables[0]), len(tables[0][0])
+    largest = max(v for t in tables for row in t for v in row)
+    width = (len(tables) * max(largest, 1)).bit_length() + 1
+    fields = rows * cols
+    packed = []
+    for t in tables:
+        value = 0
+        for v in reversed([v for row in t for v in row]):
+            if v < 0:
+                raise ValueError("tables: counts must be >= 0")
+            value = (value << width) | v
+        packed.append(value)
+    mask = (1 << width) - 1
+    rng = random.Random(seed)
+    n = len(packed)
+    estimates = []
+    for _ in range(resamples):
+        total = sum(rng.choices(packed, k=n))
+        flat = [(total >> (width * f)) & mask for f in range(fields)]
+        estimate = statistic([flat[r * cols : (r + 1) * cols] for r in range(rows)])
+        if not math.isnan(estimate):
+            estimates.append(estimate)
+    if not estimates:
+        return (math.nan, math.nan)
+    estimates.sort()
+    tail = (1.0 - confidence) / 2.0
+    return (_percentile(estimates, tail), _percentile(estimates, 1.0 - tail))
 
 
 def _average_ranks(values: Sequence[float]) -> list[float]:

@@ -17,6 +17,17 @@ from mhsafeeval.taxonomy import Taxonomy
 
 from ._judge import RAW_LIMIT, RubricJudge
 from ._labels import LabelledExchange, builtin_labels, load_labels
+from ._panel import (
+    PANEL_INPUTS,
+    JudgedReply,
+    ReplyFold,
+    failed_rater,
+    failed_rating,
+    judged_prompt,
+    rate_reply,
+    rater_address,
+    rater_names,
+)
 from ._prompt import build_judge_messages, neutralise, prompt_nonce
 from ._verdict import (
     MAX_EVIDENCE,
@@ -31,22 +42,31 @@ from ._verdict import (
 __all__ = [
     "JUDGES",
     "MAX_EVIDENCE",
+    "PANEL_INPUTS",
     "RAW_LIMIT",
     "VERDICT_SCHEMA",
     "CheckedVerdict",
     "JudgeFactory",
+    "JudgedReply",
     "LabelledExchange",
+    "ReplyFold",
     "RubricJudge",
     "VerdictPayload",
     "build_judge_messages",
     "builtin_labels",
     "check_verdict",
+    "failed_rater",
+    "failed_rating",
     "is_omission",
     "judge",
+    "judged_prompt",
     "load_labels",
     "make_rubric_judge",
     "neutralise",
     "prompt_nonce",
+    "rate_reply",
+    "rater_address",
+    "rater_names",
     "verdict_schema",
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import structlog
 
@@ -33,7 +34,7 @@ from mhsafeeval.taxonomy import Taxonomy
 from ._prompt import build_judge_messages
 from ._verdict import CheckedVerdict, VerdictPayload, check_verdict, verdict_schema
 
-__all__ = ["RAW_LIMIT", "RubricJudge"]
+__all__ = ["RAW_LIMIT", "RubricJudge", "verdict_fields"]
 
 log = structlog.get_logger("mhsafeeval.judges")
 
@@ -230,19 +231,21 @@ class RubricJudge(Agent):
             evidence_dropped=dropped,
             **cell,
         )
-        self.publish(
-            Verdict(
-                **ids,
-                severity=verdict.severity,
-                label=verdict.label,
-                reasoning=verdict.reasoning,
-                evidence=tuple(verdict.evidence),
-                refused=verdict.refused,
-                understood=verdict.understood,
-                asks=answer.asks,
-                usage=Usage.of(*answer.completions),
-            )
-        )
+        self.publish(Verdict(**ids, **verdict_fields(verdict, answer)))
+
+
+def verdict_fields(verdict: VerdictPayload, answer: Structured[VerdictPayload]) -> dict[str, Any]:
+    """The fields a judged answer gives a Verdict (or a reporting judge's Rating)."""
+    return {
+        "severity": verdict.severity,
+        "label": verdict.label,
+        "reasoning": verdict.reasoning,
+        "evidence": tuple(verdict.evidence),
+        "refused": verdict.refused,
+        "understood": verdict.understood,
+        "asks": answer.asks,
+        "usage": Usage.of(*answer.completions),
+    }
 
 
 def _sampling(model: ModelClient) -> CallParams:

@@ -13,8 +13,12 @@ at the first success) the turn commits the **best action's most severe reply**: 
 is the root action with the highest mean reward (ties: more visits, then prior); among its
 sampled replies the one with the highest reward (judged before unjudged), because a red-team
 conversation continues from the strongest failure it found. The tree is then re-rooted at that
-reply for the next turn, keeping its statistics. Tree statistics are published as
+reply for the next turn, keeping its statistics. Tree statistics, with the campaign's
+``threshold`` and whether the turn has had a ``success`` under it (1.0 or 0.0), are published as
 :class:`~mhsafeeval.messages.SearchStats` after every simulation, so a run can be inspected.
+Success is a judged severity at or above the campaign's threshold (``[campaign] threshold``)
+everywhere here: a reply below it earns reward 0, counts as a failed try in the learned rates,
+does not stop the turn early and does not make the turn a success.
 
 Depth (``[search] depth``, default 1): with depth d > 1 a sampled reply is expanded with the
 next turn's moves, so a simulation may play a *lookahead*: an utterance after exchanges the
@@ -260,9 +264,13 @@ class UCTController(ArchiveController):
         if conv.done == conv.started and (conv.started >= s.simulations or exhausted or stopped):
             self._commit(source, conv)
 
+    def _wins(self, severity: int) -> bool:
+        # The campaign's threshold is the one definition of success: in the reward, the learned
+        # rates, early stop, the commit's ``success`` and the published statistics.
+        return severity >= self.settings.threshold
+
     def _succeeded(self, conv: _Conv) -> bool:
-        threshold = self.settings.threshold
-        return any(v >= threshold for v in self._severities(conv))
+        return any(self._wins(v) for v in self._severities(conv))
 
     @staticmethod
     def _severities(conv: _Conv) -> list[int]:
@@ -314,7 +322,7 @@ class UCTController(ArchiveController):
                 role=action.role,
                 client_text=sim.utterance,
                 counselor_text=sim.reply or "",
-                success=any(v >= self.settings.threshold for v in judged),
+                success=any(self._wins(v) for v in judged),
                 best_severity=max(judged, default=None),
                 counselor_calls=sum(x.reply is not None for x in conv.sims.values()),
             )
@@ -389,7 +397,7 @@ class UCTController(ArchiveController):
                 empty_bonus=self.settings.empty_bonus,
             )
             conv.tree.backup(sim.path, value, key=sim.key)
-            win = msg.severity >= self.settings.threshold
+            win = self._wins(msg.severity)
             self._count(conv.model, cell, sim.move, win)
             self.offer(conv.model, sim, msg)
         elif isinstance(msg, Unjudged):
@@ -409,6 +417,10 @@ class UCTController(ArchiveController):
             SearchStats(
                 **msg.child_ids(key="uct"),
                 controller=self.name,
-                stats=conv.tree.stats(),
+                stats={
+                    **conv.tree.stats(),
+                    "threshold": float(self.settings.threshold),
+                    "success": float(self._succeeded(conv)),
+                },
             )
         )

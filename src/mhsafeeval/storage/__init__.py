@@ -4,8 +4,22 @@ All campaign state is a fold over stored events (see :class:`EventStore`). Two s
 :class:`SqliteEventStore` (a file; asyncio only) and :class:`MemoryEventStore` (no I/O; tests).
 """
 
+from ._log import AttemptFacts, CampaignLog, ConversationFacts, Outcome, RaterFacts, TurnRow
 from ._memory import MemoryEventStore
-from ._metrics import ASR_AT, CellMetrics, ModelMetrics, RoleUsage, compute_metrics
+from ._metrics import (
+    ASR_AT,
+    Agreement,
+    CellMetrics,
+    JudgeMetrics,
+    ModelComparison,
+    ModelMetrics,
+    PairAgreement,
+    RoleUsage,
+    compare_models,
+    compute_metrics,
+    metrics_of,
+    panel_vote,
+)
 from ._protocol import (
     SCHEMA_VERSION,
     CampaignInfo,
@@ -19,15 +33,28 @@ from ._sqlite import SqliteEventStore
 __all__ = [
     "ASR_AT",
     "SCHEMA_VERSION",
+    "Agreement",
+    "AttemptFacts",
     "CampaignInfo",
+    "CampaignLog",
     "CellMetrics",
+    "ConversationFacts",
     "EventStore",
+    "JudgeMetrics",
     "MemoryEventStore",
+    "ModelComparison",
     "ModelMetrics",
+    "Outcome",
+    "PairAgreement",
+    "RaterFacts",
     "RoleUsage",
     "SqliteEventStore",
     "StorageError",
     "StoreStats",
     "StoredEvent",
+    "TurnRow",
+    "compare_models",
     "compute_metrics",
+    "metrics_of",
+    "panel_vote",
 ]

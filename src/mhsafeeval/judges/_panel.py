@@ -1,0 +1,244 @@
+"""Reporting judges: rate the replies a campaign's search judge judged, apart from the search.
+
+The search optimises against its own judge, so that judge's false positives are selected for;
+reporting judges (a campaign's ``[judges]`` panel, ``mhsafeeval rejudge``) rate the same
+replies with the same rubric judge (prompt, schema, sampling, re-asks, threshold) and never
+see any verdict. :class:`ReplyFold` rebuilds, from a campaign's events, each judged reply with
+exactly the context the search's judge was shown; :func:`rate_reply` makes one
+:class:`~mhsafeeval.messages.Rating` of it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from mhsafeeval.messages import (
+    CallFailed,
+    ClientUtterance,
+    ConversationFinished,
+    CounselorReply,
+    Exchange,
+    Message,
+    Rating,
+    TurnCommitted,
+    Unjudged,
+    Usage,
+    Verdict,
+)
+from mhsafeeval.runtime.providers import ChatMessage, ModelCallError, StructuredOutputError
+
+from ._judge import RubricJudge, verdict_fields
+from ._prompt import build_judge_messages
+
+__all__ = [
+    "PANEL_INPUTS",
+    "JudgedReply",
+    "ReplyFold",
+    "failed_rater",
+    "failed_rating",
+    "judged_prompt",
+    "rate_reply",
+    "rater_address",
+    "rater_names",
+]
+
+Coords = tuple[str, int, int, str]
+"""A reply's place: (conversation, turn, attempt, branch)."""
+
+PANEL_INPUTS: tuple[type[Message], ...] = (
+    TurnCommitted,
+    ClientUtterance,
+    CounselorReply,
+    Verdict,
+    Unjudged,
+    Rating,
+    ConversationFinished,
+)
+"""The events :class:`ReplyFold` reads (a verdict only tells it that a reply was judged)."""
+
+_SAMPLE = re.compile(r"#(\d+)$")
+
+
+def rater_names(address: str, samples: int) -> list[str]:
+    """The raters one judge model stands for: its address, then ``address#2`` ... ``#samples``.
+
+    Example:
+        >>> rater_names("litellm/openai/gpt-4o", 3)
+        ['litellm/openai/gpt-4o', 'litellm/openai/gpt-4o#2', 'litellm/openai/gpt-4o#3']
+    """
+    return [address] + [f"{address}#{k}" for k in range(2, samples + 1)]
+
+
+def rater_address(rater: str) -> str:
+    """The judge address a rater name stands for (``rater_names`` read backwards)."""
+    return _SAMPLE.sub("", rater)
+
+
+class JudgedReply(msgspec.Struct, frozen=True, kw_only=True):
+    """A counselor reply the search's judge judged, with what that judge was shown."""
+
+    reply: CounselorReply
+    utterance: str
+    """The client's utterance the reply answered."""
+    context: tuple[Exchange, ...]
+    """The exchanges shown before it: committed turns before the reply's turn, then the
+    attempt's lookahead, the last ``context_turns`` of them."""
+
+    @property
+    def coords(self) -> Coords:
+        """Where the reply sits: (conversation, turn, attempt, branch)."""
+        r = self.reply
+        return (r.conversation, r.turn, r.attempt, r.branch)
+
+
+class _Conversation:
+    def __init__(self) -> None:
+        self.turns: dict[int, Exchange] = {}
+        self.utterances: dict[tuple[int, int, str], ClientUtterance] = {}
+        self.replies: dict[tuple[int, int, str], CounselorReply] = {}
+        self.judged: set[tuple[int, int, str]] = set()
+        self.given: set[tuple[int, int, str]] = set()
+
+
+class ReplyFold:
+    """Folds a campaign's events (in stored or published order) into its judged replies.
+
+    A reply counts as judged when a :class:`~mhsafeeval.messages.Verdict` is stored for it;
+    the verdict's content is never kept. :meth:`add` returns the judged replies that became
+    ready to rate with that event: those of a turn once it is committed (and of earlier turns),
+    and all of a conversation's once it has ended. :meth:`judged` lists every judged reply.
+
+    Args:
+        context_turns: the campaign's ``campaign.context_turns`` (negative: all).
+    """
+
+    def __init__(self, context_turns: int) -> None:
+        self.context_turns = context_turns
+        self._convs: dict[str, _Conversation] = {}
+        self._rated: set[tuple[Coords, str]] = set()
+        self.unjudged: set[Coords] = set()
+        """Replies the search's judge left unjudged (nothing to rate)."""
+
+    def _conv(self, conversation: str) -> _Conversation:
+        conv = self._convs.get(conversation)
+        if conv is None:
+            conv = self._convs[conversation] = _Conversation()
+        return conv
+
+    def add(self, msg: Message) -> list[JudgedReply]:
+        """Fold one event in; returns the judged replies it made ready (each once)."""
+        conv = self._conv(msg.conversation)
+        at = (msg.turn, msg.attempt, msg.branch)
+        if isinstance(msg, ClientUtterance):
+            conv.utterances[at] = msg
+        elif isinstance(msg, CounselorReply):
+            conv.replies[at] = msg
+        elif isinstance(msg, Verdict):
+            conv.judged.add(at)
+        elif isinstance(msg, Unjudged):
+            self.unjudged.add((msg.conversation, *at))
+        elif isinstance(msg, Rating):
+            self._rated.add(((msg.conversation, *at), msg.rater))
+        elif isinstance(msg, TurnCommitted):
+            conv.turns[msg.turn] = Exchange(msg.client_text, msg.counselor_text)
+            return self._take(msg.conversation, conv, msg.turn)
+        elif isinstance(msg, ConversationFinished):
+            return self._take(msg.conversation, conv, None)
+        return []
+
+    def rated(self, item: JudgedReply, rater: str) -> bool:
+        """Whether a stored rating of ``item`` by ``rater`` was folded in."""
+        return (item.coords, rater) in self._rated
+
+    def judged(self) -> list[JudgedReply]:
+        """Every judged reply folded in so far (ready or not), in conversation order."""
+        out: list[JudgedReply] = []
+        for conversation, conv in self._convs.items():
+            out += [
+                item
+                for at in sorted(conv.judged)
+                if (item := self._item(conversation, conv, at)) is not None
+            ]
+        return out
+
+    def _take(self, conversation: str, conv: _Conversation, turn: int | None) -> list[JudgedReply]:
+        ready = sorted(
+            at
+            for at in conv.judged - conv.given
+            if at in conv.replies and (turn is None or at[0] <= turn)
+        )
+        conv.given.update(ready)
+        return [item for at in ready if (item := self._item(conversation, conv, at)) is not None]
+
+    def _item(
+        self, conversation: str, conv: _Conversation, at: tuple[int, int, str]
+    ) -> JudgedReply | None:
+        reply, utterance = conv.replies.get(at), conv.utterances.get(at)
+        if reply is None or utterance is None:
+            return None  # the judge cannot have judged it (it would have been unjudged)
+        shown = [conv.turns[t] for t in sorted(conv.turns) if t < reply.turn]
+        shown += utterance.lookahead
+        n = self.context_turns
+        context = shown if n < 0 else shown[-n:] if n else []
+        return JudgedReply(reply=reply, utterance=utterance.text, context=tuple(context))
+
+
+def judged_prompt(judge: RubricJudge, item: JudgedReply) -> list[ChatMessage]:
+    """The prompt ``judge`` is shown for ``item``: what the search's judge was shown for it."""
+    reply = item.reply
+    return build_judge_messages(
+        judge.taxonomy,
+        reply.category,
+        reply.role,
+        context=list(item.context),
+        utterance=item.utterance,
+        reply=reply.text,
+        message_id=reply.id,
+        threshold=judge.threshold,
+    )
+
+
+async def rate_reply(
+    judge: RubricJudge, item: JudgedReply, rater: str, *, source: str, address: str = ""
+) -> Rating:
+    """One rating of ``item`` by ``rater`` (judge ``address``, default the rater's), asked the
+    way the rubric judge asks: its schema, sampling, bounded re-asks and checks. An answer
+    still invalid after the re-asks is a Rating with ``severity=None`` and the reason.
+
+    Raises:
+        ModelCallError: the call failed for good (see :func:`failed_rating`).
+    """
+    reply = item.reply
+    ids = {
+        **reply.child_ids(key=Rating.key_for(rater)),
+        "category": reply.category,
+        "role": reply.role,
+        "rater": rater,
+        "judge": address or rater_address(rater),
+        "source": source,
+    }
+    try:
+        answer = await judge.ask(judged_prompt(judge, item), reply.text, item.utterance)
+    except StructuredOutputError as exc:
+        usage = Usage.of(*exc.completions) if exc.completions else None
+        return Rating(**ids, reason=exc.reason, asks=len(exc.completions), usage=usage)
+    verdict, _ = judge.check(answer.value, reply.text, item.utterance)
+    return Rating(**ids, **verdict_fields(verdict, answer))
+
+
+def failed_rating(item: JudgedReply, rater: str, error: ModelCallError, run: str) -> CallFailed:
+    """The record of a rating whose call failed for good: ``CallFailed(agent="panel")`` at the
+    reply's coordinates, keyed ``rating:<rater>@<run>`` (one per rater, reply and run). It is
+    not a rating: the next run asks again."""
+    failed = CallFailed.caused_by(item.reply, "panel", error)
+    return msgspec.structs.replace(failed, key=f"{Rating.key_for(rater)}@{run}")
+
+
+def failed_rater(msg: CallFailed) -> str:
+    """The rater of a :func:`failed_rating` record (``""`` for any other CallFailed)."""
+    prefix = Rating.key_for("")
+    if msg.agent != "panel" or not msg.key.startswith(prefix):
+        return ""
+    return msg.key[len(prefix) :].rpartition("@")[0]
