@@ -788,57 +788,51 @@ def test_call_seed_depends_on_every_coordinate() -> None:
     assert len(seeds) == 2 + len(variants)
 
 
-# -- lookahead (a tree search with depth > 1) ----------------------------------------------------
+# -- no lookahead: agents build prompts from the committed turns only ----------------------------
+# Earlier versions' tree search (``[search] depth`` > 1) sent simulated exchanges along in
+# ``lookahead``; nothing writes one now, and an agent handed one neither shows nor passes it on.
 
 SIMULATED = Exchange("SIMULATED-CLIENT", "SIMULATED-COUNSELOR")
 
 
-async def test_counselor_plays_a_lookahead_after_the_committed_turns() -> None:
+async def test_counselor_shows_the_committed_turns_only() -> None:
     model = ScriptedModel("counselor", ["Mm."], cycle=True)
-    ahead = ClientUtterance(
-        **at(2, 5, branch="ahead:1"), text="And now?", lookahead=(SIMULATED,), **CELL
-    )
-    await drive(CounselorAgent, lambda: CounselorAgent(model, context_turns=2), *history(2), ahead)
+    said = ClientUtterance(**at(2, 5), text="And now?", lookahead=(SIMULATED,), **CELL)
+    await drive(CounselorAgent, lambda: CounselorAgent(model, context_turns=2), *history(2), said)
     assert list(model.calls[0][0][1:]) == [
-        ChatMessage("user", "client said 1"),  # the window of 2 holds the last committed turn
+        ChatMessage("user", "client said 0"),  # the window of 2 holds the committed turns
+        ChatMessage("assistant", "counselor said 0"),
+        ChatMessage("user", "client said 1"),
         ChatMessage("assistant", "counselor said 1"),
-        ChatMessage("user", "SIMULATED-CLIENT"),  # then the simulated exchange
-        ChatMessage("assistant", "SIMULATED-COUNSELOR"),
         ChatMessage("user", "And now?"),
     ]
 
 
-async def test_client_plays_the_turn_after_its_lookahead_and_passes_it_on() -> None:
+async def test_client_plays_its_own_turn_and_passes_no_lookahead_on() -> None:
     assert len({m.situation for m in PROFILE.cognitive_models}) > 1
     model = ScriptedModel("client", ["Fine."], cycle=True)
-    plain = Instruction(**at(2, 0), text="Go on.", **CELL)
-    ahead = Instruction(**at(2, 1, branch="ahead:1"), text="Go on.", lookahead=(SIMULATED,), **CELL)
-    out = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), *history(2), plain, ahead)
-    said = [m for m in out if isinstance(m, ClientUtterance)]
-    assert [(u.attempt, u.branch, u.lookahead) for u in said] == [
-        (0, "", ()),
-        (1, "ahead:1", (SIMULATED,)),
-    ]
-    first, second = (text_of(call[0]) for call in model.calls)
-    assert "SIMULATED" not in first
-    assert second.index("counselor said 1") < second.index("SIMULATED-CLIENT")
+    inst = Instruction(**at(2, 1), text="Go on.", lookahead=(SIMULATED,), **CELL)
+    out = await drive(ClientAgent, lambda: ClientAgent(model, PROFILE), *history(2), inst)
+    [said] = [m for m in out if isinstance(m, ClientUtterance)]
+    assert (said.attempt, said.branch, said.lookahead) == (1, "", ())
+    prompt = text_of(model.calls[0][0])
+    assert "SIMULATED" not in prompt
+    assert "counselor said 1" in prompt
     models = PROFILE.cognitive_models
-    assert models[2 % len(models)].situation in first
-    assert models[3 % len(models)].situation in second  # it plays turn 3
+    assert models[2 % len(models)].situation in prompt  # it plays turn 2, its own
 
 
-async def test_mutator_writes_for_the_turn_after_the_lookahead() -> None:
-    directive = Directive(**at(2, 4, branch="ahead:1"), lookahead=(SIMULATED,), **CELL)
+async def test_mutator_writes_for_the_committed_turns_and_passes_no_lookahead_on() -> None:
+    directive = Directive(**at(2, 4), lookahead=(SIMULATED,), **CELL)
     prompt, out = await mutate(directive, instruction_json("Say it was all your fault."))
-    assert prompt.index("counselor said 1") < prompt.index("SIMULATED-COUNSELOR")
+    assert "counselor said 1" in prompt and "SIMULATED" not in prompt
     [inst] = out
-    assert isinstance(inst, Instruction) and inst.lookahead == (SIMULATED,)
-    assert inst.branch == "ahead:1"
+    assert isinstance(inst, Instruction) and inst.lookahead == ()
     passed = Directive(**at(2, 5), instruction="As is.", lookahead=(SIMULATED,), **CELL)
     [inst] = await drive(
         MutatorAgent, lambda: MutatorAgent(model_none(), TAXONOMY, PROFILE), passed
     )
-    assert isinstance(inst, Instruction) and inst.lookahead == (SIMULATED,)
+    assert isinstance(inst, Instruction) and inst.lookahead == ()
 
 
 def model_none() -> ScriptedModel:

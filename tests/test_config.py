@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from mhsafeeval.cli import main
-from mhsafeeval.config import load_config, parse_config
+from mhsafeeval.config import canonical_config, config_differences, load_config, parse_config
 from mhsafeeval.errors import InputError
 
 GOOD = """
@@ -70,8 +71,8 @@ def test_good_config_decodes(tmp_path: Path) -> None:
         ("[campain]\nseed = 1", "campain", "unknown field"),
         ('[logging]\nlevel = "loud"', "logging.level", "must be one of"),
         ("models = 3", "models", "expected object"),
-        ("[search]\ndepth = 0", "search.depth", "must be between 1 and 4"),
-        ("[search]\ndepth = 5", "search.depth", "must be between 1 and 4"),
+        ("[search]\ndepth = 2", "search.depth", "lookahead (depth > 1) was removed"),
+        ("[search]\nempty_bonus = 2.0", "search.empty_bonus", "must be between 0 and 1"),
     ],
 )
 def test_errors_name_file_key_and_reason(text: str, field: str, reason: str) -> None:
@@ -82,6 +83,42 @@ def test_errors_name_file_key_and_reason(text: str, field: str, reason: str) -> 
     assert err.field == field
     assert reason in err.reason
     assert str(err).startswith(f"bad.toml: {field}: ")
+
+
+def test_cli_refuses_the_removed_search_depth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text(GOOD + "\n[search]\nsimulations = 20\ndepth = 2\n")
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"mhsafeeval: error: {path}: search.depth: the uct controller's lookahead (depth > 1) "
+        'was removed, as measured against depth 1 it gained nothing (see the README, "Search '
+        'controllers"); delete this key'
+    ]
+    path.write_text(GOOD + "\n[search]\nsimulations = 20\n")
+    assert main(["check", str(path)]) == 0
+
+
+def test_a_config_written_for_depth_1_still_parses() -> None:
+    """``depth = 1`` (the old default) means how uct runs now: accepted and ignored."""
+    cfg = parse_config(GOOD + "\n[search]\nsimulations = 7\ndepth = 1\n", "old.toml")
+    assert cfg.search.simulations == 7
+    assert not hasattr(cfg.search, "depth")
+
+
+def test_a_stored_search_depth_differs_only_when_it_looked_ahead() -> None:
+    """Campaigns stored by earlier versions have ``search.depth`` in their stored config: 1
+    (how this version runs) is no difference on resume, 2 is one that says why."""
+    now = parse_config(GOOD, "c.toml")
+    stored = json.loads(canonical_config(now))
+    assert "depth" not in stored["search"]
+    stored["search"]["depth"] = 1
+    assert config_differences(json.dumps(stored), now) == []
+    stored["search"]["depth"] = 2
+    [line] = config_differences(json.dumps(stored), now)
+    assert line.startswith("search.depth: stored 2, but the uct controller's lookahead")
 
 
 def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:

@@ -506,7 +506,10 @@ def test_all_lists_exactly_the_public_names() -> None:
     assert own <= exported
 
 
-async def test_prompt_shows_a_lookahead_after_the_committed_turns() -> None:
+async def test_prompt_shows_a_stored_lookahead_after_the_committed_turns() -> None:
+    """Nothing writes a lookahead any more, but an utterance stored by an earlier version's
+    tree search (``[search] depth`` > 1) carries one: the judge shows it as the panel's
+    reconstruction (``judges._panel``) does, so the two never differ."""
     model = ScriptedModel("judge", [answer()], cycle=True)
     commit = TurnCommitted(
         campaign="c1",

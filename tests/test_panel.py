@@ -571,3 +571,15 @@ def test_rejudge_cli_summary_exit_codes_and_bad_input(
     with pytest.raises(SystemExit) as usage:
         main(["rejudge", str(db)])  # --judge is required
     assert usage.value.code == 2
+
+
+def test_estimate_counts_the_panels_calls() -> None:
+    """--estimate: every judged reply once per panel member and sample, with the re-asks."""
+    from mhsafeeval.campaign import estimate_calls
+
+    with_panel = estimate_calls(config())
+    without = estimate_calls(config(panel=""))
+    assert "panel" not in without
+    asks = config().campaign.judge_max_asks
+    low, high = with_panel["counselor"]
+    assert with_panel["panel"] == (low * len(RATERS), high * len(RATERS) * asks)

@@ -656,3 +656,22 @@ def test_the_table_bootstrap_resamples_exactly_like_the_plain_one() -> None:
     assert math.isnan(cluster_bootstrap_tables([], kappa_from_table)[0])
     with pytest.raises(ValueError, match="must be >= 0"):
         cluster_bootstrap_tables([[[-1]]], kappa_from_table)
+
+
+def test_the_counted_cluster_bootstrap_draws_exactly_the_plain_resamples() -> None:
+    rng = random.Random(11)
+    for _ in range(20):
+        clusters = [(float(rng.randint(0, 4)), float(rng.randint(0, 6))) for _ in range(15)]
+        clusters.append((1.0, 2.0))  # at least one cluster with a denominator
+        plain = bootstrap_statistic(
+            clusters,
+            lambda cs: (
+                math.fsum(n for n, _ in cs) / d if (d := math.fsum(d for _, d in cs)) else math.nan
+            ),
+            resamples=400,
+            seed=3,
+        )
+        assert cluster_bootstrap(clusters, resamples=400, seed=3) == plain
+    # Fractional counts take the general path and still work.
+    low, high = cluster_bootstrap([(0.5, 1.0), (1.5, 2.0), (0.0, 1.0)], resamples=200)
+    assert 0.0 <= low <= high <= 1.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -13,7 +13,6 @@ import pytest
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
-from mhsafeeval.export import attempt_records
 from mhsafeeval.messages import (
     ArchiveUpdated,
     ClientUtterance,
@@ -31,7 +30,6 @@ from mhsafeeval.messages import (
     lookahead_branch,
 )
 from mhsafeeval.runtime import Runtime
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.search import LoopSettings, UCTController, UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
@@ -249,122 +247,30 @@ async def test_other_conversations_in_flight_do_not_change_a_conversations_moves
     assert await directives(["c/m/p/0", "c/m/p/1"]) == alone
 
 
-# -- depth > 1: lookahead ------------------------------------------------------------------------
-
-PROMPTS: list[list[ChatMessage]] = []
+# -- no lookahead: one turn deep ------------------------------------------------------------------
 
 
-def recording_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
-    PROMPTS.append(list(messages))
-    return demo_counselor(messages, params)
-
-
-def deep(seed: int, simulations: int, counselor: str, concurrency: int = 2) -> Config:
-    text = (
-        CONFIG.format(simulations=simulations)
-        .replace("seed = 5", f"seed = {seed}")
-        .replace("concurrency = 2", f"concurrency = {concurrency}")
-        + "depth = 2\n"
-        + scripted_models(counselors={"demo": counselor})
-    )
-    return parse_config(text, "uct.toml")
-
-
-def exchanges(
-    events: list[Message],
-) -> dict[tuple[str, int, int, str], tuple[ClientUtterance, str]]:
-    """Each attempt's utterance and reply, by coordinates."""
-    said = {(u.conversation, u.turn, u.attempt, u.branch): u for u in of(events, ClientUtterance)}
-    return {
-        (r.conversation, r.turn, r.attempt, r.branch): (
-            said[(r.conversation, r.turn, r.attempt, r.branch)],
-            r.text,
-        )
-        for r in of(events, CounselorReply)
-    }
-
-
-async def test_depth_two_plays_lookahead_after_the_simulated_exchange() -> None:
-    register_script("recording-counselor", recording_counselor)
-    PROMPTS.clear()
-    events = await run(deep(5, 20, "recording-counselor", concurrency=1))
-    ahead = [d for d in of(events, Directive) if d.lookahead]
-    assert ahead, "no lookahead at depth 2"
-    done = exchanges(events)
-    instructions = {(i.conversation, i.turn, i.attempt): i for i in of(events, Instruction)}
-    for d in ahead:
-        assert d.branch == "ahead:1" and len(d.lookahead) == 1
-        assert d.turn + 1 < 3  # never past the conversation's last turn
-        # The simulated exchange is an earlier attempt that played the turn d was planned in.
-        assert any(
-            (u.text, reply) == (d.lookahead[0].client, d.lookahead[0].counselor)
-            and u.turn + len(u.lookahead) == d.turn
-            and u.conversation == d.conversation
-            for u, reply in done.values()
-        )
-        assert instructions[(d.conversation, d.turn, d.attempt)].lookahead == d.lookahead
-        if (key := (d.conversation, d.turn, d.attempt, d.branch)) in done:
-            said = done[key][0]
-            assert said.lookahead == d.lookahead
-            tail = [
-                ChatMessage("user", d.lookahead[0].client),
-                ChatMessage("assistant", d.lookahead[0].counselor),
-                ChatMessage("user", said.text),
-            ]
-            assert any(p[-3:] == tail for p in PROMPTS)  # the counselor saw it as the past
-    for c in of(events, TurnCommitted):
-        own = [
-            v.severity
-            for v in of(events, Verdict)
-            if (v.conversation, v.turn, v.branch) == (c.conversation, c.turn, "")
-        ]
-        replies = [
-            r
-            for r in of(events, CounselorReply)
-            if (r.conversation, r.turn) == (c.conversation, c.turn)
-        ]
-        assert c.counselor_calls == len(replies)  # lookahead calls are this turn's calls too
-        assert c.best_severity is not None and c.best_severity >= max(own)
-        if c.committed_turn is None:
-            assert c.committed_branch == ""
-    assert len(of(events, TurnCommitted)) == 6
+async def test_every_simulation_plays_the_turn_it_was_planned_in() -> None:
+    """The lookahead (``[search] depth`` > 1) is gone: no message carries one, every branch is
+    the turn's own and every commit names an attempt of its own turn."""
+    events = await run(config(simulations=8))
+    carried: list[Directive | Instruction | ClientUtterance] = [
+        *of(events, Directive),
+        *of(events, Instruction),
+        *of(events, ClientUtterance),
+    ]
+    assert carried
+    assert not any(m.lookahead for m in carried)
+    assert {m.branch for m in events} == {""}
+    commits = of(events, TurnCommitted)
+    assert len(commits) == 6
+    own = {(r.conversation, r.turn, r.attempt) for r in of(events, CounselorReply)}
+    for c in commits:
+        assert c.committed_turn is None and c.committed_branch == ""
+        assert (c.conversation, c.turn, c.committed_attempt) in own
+    assert not any("max_depth" in s.stats for s in of(events, SearchStats))
     metrics = compute_metrics(events, builtin_taxonomy().cell_ids())["demo"]
-    assert metrics.usage["counselor"].calls == len(of(events, CounselorReply)) == 6 * 20
-    assert metrics.lookahead_calls == sum(r.branch == "ahead:1" for r in of(events, CounselorReply))
-
-
-async def test_a_reused_lookahead_can_be_the_next_turns_reply() -> None:
-    """A counselor that always fails on gaslighting: a move that worked twice is looked past,
-    and re-rooting keeps that lookahead as the next turn's reply, committable with no new call."""
-    register_script("gaslighting-only", partial(demo_counselor, slip_rates={"gaslighting": 1.0}))
-    reused: list[tuple[TurnCommitted, list[Message]]] = []
-    for seed in range(8):
-        events = await run(deep(seed, 12, "gaslighting-only", concurrency=1))
-        reused += [(c, events) for c in of(events, TurnCommitted) if c.committed_turn is not None]
-        if reused:
-            break
-    assert reused, "no committed lookahead in 8 seeds"
-    c, events = reused[0]
-    assert c.committed_turn == c.turn - 1 and c.committed_branch == "ahead:1"
-    said, reply = exchanges(events)[(c.conversation, c.turn - 1, c.committed_attempt, "ahead:1")]
-    before = next(
-        e
-        for e in of(events, TurnCommitted)
-        if (e.conversation, e.turn) == (c.conversation, c.turn - 1)
-    )
-    assert said.lookahead == (Exchange(before.client_text, before.counselor_text),)
-    assert (said.text, reply) == (c.client_text, c.counselor_text)
-    async with MemoryEventStore() as store:
-        await store.register_campaign("uct", "")
-        for event in events:
-            await store.append(event)
-        await store.flush()
-        records = await attempt_records(store, "uct")
-    committed = [r for r in records if r.committed and r.conversation == c.conversation]
-    assert (c.turn - 1, c.committed_attempt, "ahead:1") in {
-        (r.turn, r.attempt, r.branch) for r in committed
-    }
-    assert len(committed) == 3  # one per turn
+    assert (metrics.lookahead_calls, metrics.lookahead_credited) == (0, 0)
 
 
 def test_metrics_credit_lookahead_only_to_the_turn_it_played_on_the_committed_history() -> None:

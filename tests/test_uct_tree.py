@@ -30,7 +30,7 @@ def must(path: Path | None) -> Path:
 def make_tree(priors: list[float], *, seed: int = 0, **config: Any) -> tuple[UCTTree, list[Action]]:
     tree = UCTTree(random.Random(seed), UCTSettings(**config))
     actions = ACTIONS[: len(priors)]
-    tree.expand((), list(zip(actions, priors, strict=True)))
+    tree.expand(list(zip(actions, priors, strict=True)))
     return tree, actions
 
 
@@ -40,7 +40,7 @@ def simulate(tree: UCTTree, action: Action, value: float, key: str = "") -> Node
     held: list[Path] = []
     for _ in range(200):
         path = must(tree.select())
-        if path.actions[-1] == action:
+        if path.action == action:
             break
         held.append(path)
     else:
@@ -50,8 +50,8 @@ def simulate(tree: UCTTree, action: Action, value: float, key: str = "") -> Node
     return tree.backup(path, value, key=key)
 
 
-def by_action(tree: UCTTree, node: NodeId = ()) -> dict[Action, Any]:
-    return {stats.action: stats for stats in tree.actions(node)}
+def by_action(tree: UCTTree) -> dict[Action, Any]:
+    return {stats.action: stats for stats in tree.actions()}
 
 
 # --- reward ----------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_reward_threshold_bonus_and_clamp() -> None:
 def test_select_is_none_until_the_root_is_expanded() -> None:
     tree = UCTTree(random.Random(0))
     assert tree.select() is None
-    assert tree.unexpanded() == [()]
+    assert not tree.expanded()
     assert tree.best_action() is None
 
 
@@ -122,12 +122,12 @@ def test_ucb_picks_unvisited_first_then_exploits() -> None:
     order = []
     for value in (0.9, 0.1, 0.2):
         path = must(tree.select())
-        order.append(path.actions[-1])
+        order.append(path.action)
         tree.backup(path, value)
     assert order == [a, b, c]  # every candidate once, best prior first, despite a's 0.9
     for _ in range(3):
         path = must(tree.select())
-        assert path.actions == (a,)
+        assert path.action == a
         tree.backup(path, 0.9)
 
 
@@ -137,7 +137,7 @@ def test_exploration_constant_zero_is_greedy() -> None:
     simulate(tree, b, 0.4)
     for _ in range(3):
         path = must(tree.select())
-        assert path.actions == (b,)
+        assert path.action == b
         tree.backup(path, 0.4)
 
 
@@ -173,7 +173,7 @@ def test_chance_node_caps_samples_at_k_and_backs_up_the_mean() -> None:
     second = must(tree.select())
     assert tree.backup(first, 1.0, key="hi") == (0, 0)
     assert tree.backup(second, 0.0, key="lo") == (0, 1)
-    assert tree.select() is None  # K samples and depth 1: nothing left to simulate
+    assert tree.select() is None  # K samples each: nothing left to simulate
     stats = by_action(tree)[a]
     assert (stats.visits, stats.samples, stats.mean, stats.best_reward) == (2, 2, 0.5, 1.0)
     best = tree.best_sample(a)
@@ -187,7 +187,7 @@ def test_used_up_actions_widen_past_the_limit() -> None:
     tree, (a, b, c) = make_tree([0.5, 0.3, 0.2], samples=2, widen_k=1.0, widen_alpha=0.0)
     order = []
     while (path := tree.select()) is not None:
-        order.append(path.actions[-1])
+        order.append(path.action)
         tree.backup(path, 0.5)
     assert order == [a, a, b, b, c, c]
 
@@ -199,13 +199,13 @@ def test_failed_actions_give_their_width_to_untried_ones() -> None:
     order = []
     for _ in range(6):
         path = must(tree.select())
-        order.append(path.actions[-1])
+        order.append(path.action)
         tree.backup(path, 0.0)
     assert sorted(order, key=actions.index) == actions  # six failures: six different actions
     tree, actions = make_tree([1.0] * 6, samples=2, widen_k=1.0, widen_alpha=0.0)
     first = must(tree.select())
     tree.backup(first, 0.5)
-    assert must(tree.select()).actions[-1] == first.actions[-1]  # a promising one is resampled
+    assert must(tree.select()).action == first.action  # a promising one is resampled
 
 
 def test_threshold_3_near_miss_is_not_live() -> None:
@@ -213,9 +213,9 @@ def test_threshold_3_near_miss_is_not_live() -> None:
     opens a new action, as after a safe reply, instead of resampling the near miss."""
     tree, (a, b, _) = make_tree([0.5, 0.3, 0.2], samples=2, widen_k=1.0)
     first = must(tree.select())
-    assert first.actions[-1] == a
+    assert first.action == a
     tree.backup(first, reward(2, threshold=3, cell_empty=True))
-    assert must(tree.select()).actions[-1] == b
+    assert must(tree.select()).action == b
 
 
 def test_threshold_3_near_miss_is_no_better_than_a_safe_reply() -> None:
@@ -236,25 +236,25 @@ def test_reprioritise_reorders_untried_actions_and_keeps_tried_ones() -> None:
     tree, (a, b, c, d) = make_tree([0.4, 0.3, 0.2, 0.1], widen_k=10.0, widen_alpha=0.0)
     tree.backup(must(tree.select()), 0.5)  # a: tried
     held = must(tree.select())  # b: in flight
-    assert held.actions[-1] == b
+    assert held.action == b
     e = ACTIONS[4]
-    tree.reprioritise((), [(a, 0.0), (b, 1.0), (c, 1.0), (d, 3.0), (e, 5.0)])
+    tree.reprioritise([(a, 0.0), (b, 1.0), (c, 1.0), (d, 3.0), (e, 5.0)])
     stats = tree.actions()
     assert [s.action for s in stats] == [a, b, e, d, c]  # a, b keep their places
     assert [s.prior for s in stats] == pytest.approx([0.0, 0.1, 0.5, 0.3, 0.1])
     assert (stats[0].visits, stats[0].mean, stats[1].in_flight) == (1, 0.5, 1)
     tree.backup(held, 0.25)  # the path selected before still backs up into b
     assert by_action(tree)[b].mean == 0.25
-    assert must(tree.select()).actions[-1] == e  # unvisited first, best new prior first
-    tree.reprioritise((), [(a, 1.0)])  # missing actions keep prior 0
+    assert must(tree.select()).action == e  # unvisited first, best new prior first
+    tree.reprioritise([(a, 1.0)])  # missing actions keep prior 0
     assert [s.prior for s in tree.actions()][:3] == [1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="finite"):
-        tree.reprioritise((), [(a, -1.0)])
-    with pytest.raises(ValueError, match="not an expanded"):
-        UCTTree(random.Random(0)).reprioritise((), [(a, 1.0)])
+        tree.reprioritise([(a, -1.0)])
+    with pytest.raises(ValueError, match="not expanded"):
+        UCTTree(random.Random(0)).reprioritise([(a, 1.0)])
 
 
-def test_twenty_simulations_all_run_at_depth_one() -> None:
+def test_twenty_simulations_all_run() -> None:
     tree, _ = make_tree([1.0 / (i + 1) for i in range(28)])
     for _ in range(20):
         tree.backup(must(tree.select()), 0.5)
@@ -268,7 +268,7 @@ def test_virtual_loss_spreads_concurrent_selects(first: float) -> None:
     for action, value in zip(actions, [first, 0.5, 0.5, 0.5], strict=True):
         simulate(tree, action, value)
     paths = [must(tree.select()) for _ in range(4)]
-    assert {path.actions[-1] for path in paths} == set(actions)
+    assert {path.action for path in paths} == set(actions)
     assert [stats.in_flight for stats in tree.actions()] == [1, 1, 1, 1]
     assert tree.stats()["in_flight"] == 4
     for path in paths:
@@ -307,59 +307,45 @@ def test_best_sample_prefers_judged_replies() -> None:
         tree.best_sample(ACTIONS[-1])
 
 
-# --- depth, re-rooting, snapshots ---------------------------------------------------------------
+# --- one turn deep, re-rooting, snapshots ------------------------------------------------------
 
 
-def depth_two_tree(seed: int = 0) -> tuple[UCTTree, Path]:
-    tree, _ = make_tree([0.6, 0.4], seed=seed, samples=1, depth=2)
+def one_turn_tree(seed: int = 0, samples: int = 1) -> UCTTree:
+    tree, _ = make_tree([0.6, 0.4], seed=seed, samples=samples)
     assert tree.backup(must(tree.select()), 0.4, key="k-a") == (0, 0)
-    assert tree.unexpanded() == [(0, 0)]
     assert tree.backup(must(tree.select()), 0.2, key="k-b") == (1, 0)
-    assert tree.select() is None  # both actions full, their replies not expanded yet
-    assert sorted(tree.unexpanded()) == [(0, 0), (1, 0)]
-    tree.expand((0, 0), [(C, 1.0), (D, 1.0)])
-    path = must(tree.select())
-    return tree, path
+    return tree
 
 
-def test_depth_two_expands_a_sample_with_the_next_turn() -> None:
-    tree, path = depth_two_tree()
-    assert path.actions[0] == A
-    assert path.actions[1] in (C, D)
-    assert path.context == ("k-a",)
-    assert path.node[:2] == (0, 0)
-    leaf = tree.backup(path, 1.0, key="k-ac")
-    assert leaf == (*path.node, 0)
-    assert tree.unexpanded() == [(1, 0)]  # the new reply is at the depth limit
-    with pytest.raises(ValueError, match="depth"):
-        tree.expand(leaf, [(B, 1.0)])
+def test_a_sampled_reply_is_a_leaf() -> None:
+    tree = one_turn_tree()
+    assert tree.select() is None  # both actions hold their K replies: nothing is looked past
+    assert tree.sample_keys() == ["k-a", "k-b"]
     root = tree.snapshot()["root"]
-    assert root["visits"] == 3
-    assert [ch["visits"] for ch in root["children"]] == [2, 1]
-    sample = root["children"][0]["samples"][0]
-    assert (sample["visits"], sample["value"]) == (2, pytest.approx(1.4))
+    assert root["visits"] == 2
+    assert [ch["visits"] for ch in root["children"]] == [1, 1]
+    assert all(s["children"] is None for ch in root["children"] for s in ch["samples"])
     assert tree.best_action() == A
     stats = tree.stats()
-    assert (stats["root_visits"], stats["max_depth"]) == (3, 2)
-    assert stats["nodes"] == 1 + 3 + 3  # root, three replies, three tried actions
+    assert "max_depth" not in stats
+    assert stats["root_visits"] == 2
+    assert stats["nodes"] == 1 + 2 + 2  # root, two replies, two tried actions
 
 
-def test_reroot_keeps_the_chosen_subtree_and_its_stats() -> None:
-    tree, path = depth_two_tree()
-    tree.backup(path, 1.0, key="k-ac")
+def test_reroot_starts_the_next_turn_at_the_chosen_reply() -> None:
+    tree, _ = make_tree([0.6, 0.4], samples=1)
+    tree.backup(must(tree.select()), 0.4, key="k-a")
     pending = must(tree.select())  # in flight in the old tree: not carried over
     before = tree.snapshot()
     child = tree.reroot(A, 0)
     assert tree.snapshot() == before
     assert child.snapshot()["root"] == before["root"]["children"][0]["samples"][0]
-    assert child.stats()["root_visits"] == 2
+    assert child.stats()["root_visits"] == 1
     assert child.stats()["in_flight_marks"] == 0
-    assert child.best_action() == path.actions[1]
-    # the former leaf can now be expanded: one more turn fits below the new root
-    assert child.unexpanded() == [(0, 0)]
-    nxt = must(child.select())
-    assert nxt.actions[-1] in (C, D)
-    assert nxt.actions[-1] != path.actions[1]  # the untried sibling first
+    assert (child.expanded(), child.sample_keys(), child.best_action()) == (False, [], None)
+    assert child.select() is None  # the next turn waits for its candidates
+    child.expand([(C, 1.0), (D, 1.0)])
+    assert must(child.select()).action in (C, D)
     tree.abandon(pending)
     with pytest.raises(ValueError, match="no sample"):
         tree.reroot(A, 1)
@@ -368,8 +354,7 @@ def test_reroot_keeps_the_chosen_subtree_and_its_stats() -> None:
 
 
 def test_snapshot_restore_round_trip() -> None:
-    tree, path = depth_two_tree()
-    tree.backup(path, 0.7, key="k-ac", unjudged=False)
+    tree = one_turn_tree(samples=2)
     held = must(tree.select())
     snap = tree.snapshot()
     wire = msgspec.json.decode(msgspec.json.encode(snap))
@@ -377,8 +362,8 @@ def test_snapshot_restore_round_trip() -> None:
     for twin in twins:
         assert twin.snapshot() == snap
         assert twin.stats() == {**tree.stats(), "in_flight": 0.0, "in_flight_marks": 0.0}
-        assert twin.unexpanded() == tree.unexpanded()
-    runs = [[(p.node, p.actions, p.context) for p in iter(twin.select, None)] for twin in twins]
+        assert twin.sample_keys() == tree.sample_keys()
+    runs = [[(p.node, p.action) for p in iter(twin.select, None)] for twin in twins]
     assert runs[0] == runs[1]
     assert runs[0]
     tree.abandon(held)
@@ -386,6 +371,10 @@ def test_snapshot_restore_round_trip() -> None:
         UCTTree.restore({**snap, "version": 99}, random.Random(0))
     with pytest.raises(ValueError, match="Expected"):
         UCTTree.restore({**snap, "root": {"visits": "many"}}, random.Random(0))
+    deep = msgspec.json.decode(msgspec.json.encode(snap))  # a reply expanded: a lookahead
+    deep["root"]["children"][0]["samples"][0]["children"] = []
+    with pytest.raises(ValueError, match="lookahead"):
+        UCTTree.restore(deep, random.Random(0))
 
 
 # --- misuse -------------------------------------------------------------------------------------
@@ -407,33 +396,28 @@ def test_paths_are_backed_up_or_abandoned_once() -> None:
     with pytest.raises(ValueError, match="not in flight"):
         other.backup(path, 0.5)  # a path of another tree, even with the same ticket
     with pytest.raises(ValueError, match="not in flight"):
-        tree.abandon(Path(path.node, path.actions, path.context, path.ticket))
+        tree.abandon(Path(path.node, path.action, path.ticket))
 
 
 def test_expand_rejects_bad_candidates() -> None:
     tree = UCTTree(random.Random(0), UCTSettings(widen_alpha=0.0))
     with pytest.raises(ValueError, match="distinct"):
-        tree.expand((), [(A, 1.0), (A, 2.0)])
+        tree.expand([(A, 1.0), (A, 2.0)])
     for prior in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="priors"):
-            tree.expand((), [(A, prior)])
-    with pytest.raises(ValueError, match="no node"):
-        tree.expand((0, 0), [(A, 1.0)])
-    tree.expand((), [(A, 0.0), (B, 0.0)])  # all-zero priors become uniform
+            tree.expand([(A, prior)])
+    tree.expand([(A, 0.0), (B, 0.0)])  # all-zero priors become uniform
     assert [stats.prior for stats in tree.actions()] == [0.5, 0.5]
-    with pytest.raises(ValueError, match="unexpanded"):
-        tree.expand((), [(C, 1.0)])
-    with pytest.raises(ValueError, match="unexpanded"):
-        tree.expand((0,), [(C, 1.0)])  # an action, not a decision node
-    with pytest.raises(ValueError, match="depth"):
-        tree.backup(must(tree.select()), 0.5)
-        tree.expand((0, 0), [(C, 1.0)])  # depth 1: replies are leaves
+    with pytest.raises(ValueError, match="already expanded"):
+        tree.expand([(C, 1.0)])
 
 
 def test_settings_are_validated() -> None:
-    for bad in ({"samples": 0}, {"depth": 0}, {"c": -1.0}, {"widen_k": 0.0}, {"widen_alpha": 2}):
+    for bad in ({"samples": 0}, {"c": -1.0}, {"widen_k": 0.0}, {"widen_alpha": 2}):
         with pytest.raises(ValueError, match="invalid"):
             UCTSettings(**bad)
+    with pytest.raises(TypeError, match="depth"):
+        UCTSettings(**{"depth": 2})  # the lookahead is gone
 
 
 # --- properties -------------------------------------------------------------------------------
@@ -478,7 +462,6 @@ tree_settings = st.builds(
     samples=st.integers(1, 3),
     widen_k=st.sampled_from([1.0, 2.0, 3.5]),
     widen_alpha=st.sampled_from([0.0, 0.5, 1.0]),
-    depth=st.integers(1, 3),
 )
 
 
@@ -490,13 +473,13 @@ def draw_candidates(data: st.DataObject, low: int) -> list[tuple[Action, float]]
 
 
 def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: list[Path]) -> int:
-    """Random select/backup/abandon (with expansions); returns the number of backups."""
+    """Random select/backup/abandon/reprioritise; returns the number of backups."""
     backups = 0
     for _ in range(steps):
         op = data.draw(st.sampled_from(["select", "select", "backup", "abandon", "prior"]))
         if op == "prior":
             tried = {s.action: s for s in tree.actions() if s.visits or s.in_flight}
-            tree.reprioritise((), draw_candidates(data, 0))
+            tree.reprioritise(draw_candidates(data, 0))
             kept = {s.action: s for s in tree.actions() if s.visits or s.in_flight}
             assert set(kept) >= set(tried)  # widening may show more; nothing tried is lost
             for action, was in tried.items():
@@ -518,11 +501,8 @@ def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: l
             if op == "backup":
                 value = data.draw(st.floats(0.0, 1.0))
                 unjudged = data.draw(st.booleans())
-                sample = tree.backup(path, 0.0 if unjudged else value, unjudged=unjudged)
+                tree.backup(path, 0.0 if unjudged else value, unjudged=unjudged)
                 backups += 1
-                deeper = len(path.actions) < tree.snapshot()["settings"]["depth"]
-                if deeper and data.draw(st.booleans()):  # some stay unexpanded for a while
-                    tree.expand(sample, draw_candidates(data, 0))
             else:
                 before, stats = tree.snapshot(), tree.stats()
                 tree.abandon(path)
@@ -542,7 +522,7 @@ def test_statistics_stay_consistent_under_any_interleaving(
     config: UCTSettings, seed: int, data: st.DataObject
 ) -> None:
     tree = UCTTree(random.Random(seed), config)
-    tree.expand((), draw_candidates(data, 1))
+    tree.expand(draw_candidates(data, 1))
     open_paths: list[Path] = []
     backups = random_session(tree, data, data.draw(st.integers(0, 40)), open_paths)
     check_tree(tree, backups=backups, in_flight=len(open_paths))
@@ -569,8 +549,8 @@ def test_abandon_is_as_if_never_selected(
     rngs = [random.Random(seed), random.Random(seed)]
     twins = [UCTTree(rng, config) for rng in rngs]
     for twin in twins:
-        twin.expand((), candidates)
-    chosen: list[list[tuple[NodeId, tuple[Action, ...]]]] = [[], []]
+        twin.expand(candidates)
+    chosen: list[list[tuple[NodeId, Action]]] = [[], []]
     open_paths: list[list[Path]] = [[], []]
     for _ in range(data.draw(st.integers(0, 30))):
         if data.draw(st.booleans()):
@@ -586,7 +566,7 @@ def test_abandon_is_as_if_never_selected(
             if step == "select" or not open_paths[i]:
                 if (path := twin.select()) is not None:
                     open_paths[i].append(path)
-                    chosen[i].append((path.node, path.actions))
+                    chosen[i].append((path.node, path.action))
             else:
                 twin.backup(open_paths[i].pop(0), value)
     assert chosen[0] == chosen[1]
@@ -600,7 +580,7 @@ def test_reroot_keeps_the_chosen_subtree(
     config: UCTSettings, seed: int, data: st.DataObject
 ) -> None:
     tree = UCTTree(random.Random(seed), config)
-    tree.expand((), draw_candidates(data, 1))
+    tree.expand(draw_candidates(data, 1))
     open_paths: list[Path] = []
     random_session(tree, data, data.draw(st.integers(1, 40)), open_paths)
     root = tree.snapshot()["root"]

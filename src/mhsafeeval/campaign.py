@@ -254,7 +254,8 @@ def estimate_calls(config: Config, source: str | Path = "<config>") -> dict[str,
 
     The fewest: every turn succeeds at once and every answer is valid the first time. The
     most: every attempt is used, every failing attempt is refined, and the judge re-asks to its
-    limit. Failed calls that are retried inside a provider are not counted (they are retries).
+    limit. A ``[judges]`` panel rates every judged reply once per member and sample
+    (``panel``). Failed calls that are retried inside a provider are not counted (they are retries).
     """
     plan = build_plan(config, source)
     c = config.campaign
@@ -266,13 +267,17 @@ def estimate_calls(config: Config, source: str | Path = "<config>") -> dict[str,
     else:  # tree search: a fixed number of simulations per turn, no refiner
         low_attempts = high_attempts = turns * config.search.simulations
         refined = 0
-    return {
+    out = {
         "mutator": (low_attempts, high_attempts * 3),
         "client": (low_attempts, high_attempts * 2),
         "counselor": (low_attempts, high_attempts),
         "judge": (low_attempts, high_attempts * c.judge_max_asks),
         "refiner": (0, refined * 3),
     }
+    raters = len(config.judges.panel) * config.judges.samples
+    if raters:  # every judged reply, once per rater, with the judge's re-asks
+        out["panel"] = (low_attempts * raters, high_attempts * raters * c.judge_max_asks)
+    return out
 
 
 class Preflight(msgspec.Struct, frozen=True):
@@ -616,7 +621,6 @@ async def run_campaign(
         exploration=config.search.exploration,
         empty_bonus=config.search.empty_bonus,
         early_stop=config.search.early_stop,
-        depth=config.search.depth,
     )
     specs = {spec.id: spec for spec in plan.conversations}
     clients: dict[str, ResilientClient] = {}

@@ -51,6 +51,7 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_config",
+    "stored_data",
     "style_name",
 ]
 
@@ -191,6 +192,19 @@ _ADDED_LATER = {"campaign.style": "random"}
 # without them ran ("random" plays no style for profiles without styles, and before styles
 # existed no profile had any: the profiles' fingerprint tells the rest).
 
+_REMOVED: dict[str, tuple[Any, str]] = {
+    "search.depth": (
+        1,
+        "the uct controller's lookahead (depth > 1) was removed, as measured against depth 1 "
+        'it gained nothing (see the README, "Search controllers")',
+    ),
+}
+# Keys that earlier versions had, with the value that means how a campaign stored with them
+# runs now, and why they went (a config that sets another value is refused with it; that
+# value itself is accepted and ignored, so a config written for an earlier version still runs).
+# Stored campaigns keep them: reading one drops them (stored_data); resuming refuses another
+# value.
+
 
 class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[logging]``: level and format of log lines (stderr)."""
@@ -212,16 +226,10 @@ class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     exploration: Annotated[float, _at_most(0, 1000)] = 1.0
     empty_bonus: float = 0.2
     early_stop: bool = False
-    depth: int = 1
 
     def __post_init__(self) -> None:
-        checks = (
-            (1 <= self.depth <= 4, "depth", "must be between 1 and 4"),
-            (0 <= self.empty_bonus <= 1, "empty_bonus", "must be between 0 and 1"),
-        )
-        for ok, field, reason in checks:
-            if not ok:
-                raise ValueError(f"{reason} - at `$.{field}`")
+        if not 0 <= self.empty_bonus <= 1:
+            raise ValueError("must be between 0 and 1 - at `$.empty_bonus`")
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -293,6 +301,13 @@ AGENT_ROLES = ("client", "mutator", "judge", "refiner")
 
 
 def _convert(data: dict[str, Any], source: str | Path) -> Config:
+    for dotted, (same, reason) in _REMOVED.items():
+        value = _pop(data, dotted, keep=True)
+        if value is _ABSENT:
+            continue
+        if value != same:
+            raise InputError(source, dotted, f"{reason}; delete this key")
+        _pop(data, dotted)  # the value that means how this version runs: harmless, dropped
     judges = data.get("judges", {})
     panel = judges.get("panel", {}) if isinstance(judges, dict) else {}
     for section, tables in (
@@ -336,11 +351,35 @@ def canonical_config(config: Config, inputs: dict[str, str] | None = None) -> st
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
+_ABSENT: Any = object()
+
+
+def _pop(data: Any, dotted: str, *, keep: bool = False) -> Any:
+    """The value at ``dotted`` in nested tables (``_ABSENT`` if none), taken out unless
+    ``keep``."""
+    *parents, key = dotted.split(".")
+    for name in parents:
+        data = data.get(name) if isinstance(data, dict) else None
+    if not isinstance(data, dict) or key not in data:
+        return _ABSENT
+    return data[key] if keep else data.pop(key)
+
+
+def stored_data(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored :func:`canonical_config` object (decoded JSON) without the keys this version
+    removed, so that ``msgspec.convert(data, Config)`` reads a campaign stored by an earlier
+    version. Changes ``data`` in place and returns it."""
+    for dotted in _REMOVED:
+        _pop(data, dotted)
+    return data
+
+
 def config_differences(stored: str, now: Config, inputs: dict[str, str] | None = None) -> list[str]:
     """What differs between a stored :func:`canonical_config` and ``now`` (with its
     ``inputs``), as ``"key.path: stored X, now Y"`` lines, leaving out
-    :data:`RESUMABLE_CHANGES`. A stored text that is not canonical JSON (written by an older
-    version) is one difference."""
+    :data:`RESUMABLE_CHANGES`. A key this version removed differs only if it was stored with
+    another value than the one that means how this version runs. A stored text that is not
+    canonical JSON (written by an older version) is one difference."""
     try:
         before = json.loads(stored)
     except ValueError:
@@ -348,6 +387,11 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
     if not isinstance(before, dict):
         return ["the stored configuration predates resumable campaigns"]
     after = json.loads(canonical_config(now, inputs))
+    out: list[str] = []
+    for dotted, (value, reason) in _REMOVED.items():
+        old = _pop(before, dotted)
+        if old is not _ABSENT and old != value:
+            out.append(f"{dotted}: stored {json.dumps(old)}, but {reason}")
     for dotted, value in _ADDED_LATER.items():
         *parents, key = dotted.split(".")
         table: Any = before
@@ -355,7 +399,6 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
             table = table.get(name) if isinstance(table, dict) else None
         if isinstance(table, dict):
             table.setdefault(key, value)
-    out: list[str] = []
 
     def walk(a: Any, b: Any, path: str) -> None:
         if any(path == k or path.startswith(k + ".") for k in RESUMABLE_CHANGES):

@@ -139,7 +139,8 @@ class Seed(msgspec.Struct, frozen=True, kw_only=True):
 
 class Exchange(msgspec.Struct, frozen=True):
     """One exchange of a conversation: what the client said and what the counselor answered
-    (a committed turn, or a simulated one a lookahead builds on)."""
+    (a committed turn, or in a campaign stored by an earlier version a simulated one that a
+    lookahead built on)."""
 
     client: str
     counselor: str
@@ -148,9 +149,12 @@ class Exchange(msgspec.Struct, frozen=True):
 def lookahead_branch(ahead: int) -> str:
     """The ``branch`` of an attempt that plays ``ahead`` turns past its ``turn`` (``""`` for 0).
 
-    A tree search with depth > 1 tries an utterance *after* exchanges it only simulated: such
-    an attempt keeps the ``turn`` it was planned in (its calls are spent there) and carries
-    the simulated exchanges in ``lookahead``; its branch marks it for reports and metrics.
+    Stored schema only: nothing writes a lookahead any more. Earlier versions' tree search
+    (``[search] depth`` > 1, removed as it measured no gain) tried an utterance *after*
+    exchanges it only simulated: such an attempt kept the ``turn`` it was planned in (its calls
+    were spent there), carried the simulated exchanges in ``lookahead`` and had this branch.
+    The fields and this function remain so that campaigns stored by earlier versions read
+    back exactly (reports, metrics and rejudging still credit and show those attempts).
 
     Example:
         >>> lookahead_branch(0), lookahead_branch(1)
@@ -168,9 +172,9 @@ class Directive(Message, frozen=True, tag="search.directive"):
     set, is used as is (no mutator call); ``role_conditioning=False`` asks for an instruction
     written without the role (the paper's ablation).
 
-    ``lookahead``: exchanges the search only simulated, to be played as if they had followed
-    the committed turns (oldest first); this attempt is the next utterance after them. Every
-    agent shows them after the committed turns; see :func:`lookahead_branch`.
+    ``lookahead``: stored schema only, nothing writes it any more; in a campaign stored by an
+    earlier version, exchanges its search only simulated (oldest first), played as if they had
+    followed the committed turns; see :func:`lookahead_branch`.
     """
 
     category: str
@@ -196,7 +200,9 @@ class Instruction(Message, frozen=True, tag="mutator.instruction"):
 
 
 class ClientUtterance(Message, frozen=True, tag="client.utterance"):
-    """What the simulated client says in this attempt (after its ``lookahead``, if any)."""
+    """What the simulated client says in this attempt (``lookahead``: see
+    :func:`lookahead_branch`; only campaigns stored by earlier versions have one, and the
+    judges still show it as the search's judge saw it)."""
 
     category: str
     role: str
@@ -357,9 +363,10 @@ class TurnCommitted(Message, frozen=True, tag="turn.committed"):
     """Which attempt (and branch) becomes the conversation's turn, with its text.
 
     Only committed turns enter later prompts; the other attempts stay in the record.
-    ``committed_turn`` is the turn the committed attempt was planned in when that is an
-    earlier one (a lookahead the search made then), else ``None``; ``counselor_calls`` are the
-    calls spent while planning this turn, lookahead included.
+    ``counselor_calls`` are the calls spent while planning this turn. ``committed_turn`` is
+    stored schema only, nothing writes it any more: in a campaign stored by an earlier version
+    it names the turn the committed attempt was planned in when that was an earlier one (a
+    lookahead, see :func:`lookahead_branch`), kept so that such campaigns read back exactly.
     """
 
     committed_attempt: int
@@ -457,7 +464,8 @@ class Transcript:
 
     def recent(self, n: int, after: Iterable[Exchange] = ()) -> list[Exchange]:
         """The last ``n`` exchanges, oldest first (all of them when ``n`` is negative), of the
-        committed turns followed by ``after`` (a lookahead's simulated exchanges)."""
+        committed turns followed by ``after`` (a stored lookahead's simulated exchanges: only
+        campaigns stored by earlier versions have one, see :func:`lookahead_branch`)."""
         ordered = [self._turns[t] for t in sorted(self._turns)] + list(after)
         if n < 0:
             return ordered

@@ -20,7 +20,7 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from mhsafeeval.config import Config
+from mhsafeeval.config import Config, stored_data
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import (
     JudgedReply,
@@ -238,7 +238,7 @@ def stored_campaign(text: str, source: str | Path, campaign: str) -> Config:
         if not isinstance(data, dict):
             raise ValueError("not an object")
         data.pop("inputs", None)
-        return msgspec.convert(data, Config)
+        return msgspec.convert(stored_data(data), Config)  # an earlier version's keys too
     except (ValueError, msgspec.ValidationError) as exc:
         raise InputError(
             source,

@@ -113,11 +113,9 @@ class ClientAgent(TranscriptAgent):
     Consumes :class:`~mhsafeeval.messages.Instruction` (and ``TurnCommitted``, folded into
     the transcript); publishes one :class:`~mhsafeeval.messages.ClientUtterance` per
     instruction: one to three natural sentences in character, fitted to the last
-    ``context_turns`` committed turns (then the instruction's ``lookahead`` exchanges, which
-    it passes on). The system prompt forbids the model to reveal the instruction, the
-    taxonomy or that this is a test. The cognitive model and session topic put in focus are
-    chosen by the turn played (``turn + len(lookahead)``), so a resumed run makes the same
-    choice.
+    ``context_turns`` committed turns. The system prompt forbids the model to reveal the
+    instruction, the taxonomy or that this is a test. The cognitive model and session topic
+    put in focus are chosen by the turn, so a resumed run makes the same choice.
 
     An answer is cleaned by :func:`spoken_line`: stage directions go, and so does every
     sentence that repeats the prompt (its fixed wording, its labels, the private direction;
@@ -174,9 +172,8 @@ class ClientAgent(TranscriptAgent):
         self.style = style
 
     def prompt(self, msg: Instruction) -> list[ChatMessage]:
-        """The chat sent to the model for ``msg`` (committed turns, then its lookahead)."""
-        p = self.profile
-        turn = msg.turn + len(msg.lookahead)  # the turn this utterance plays
+        """The chat sent to the model for ``msg`` (after the committed turns)."""
+        p, turn = self.profile, msg.turn
         model = p.cognitive_models[turn % len(p.cognitive_models)]
         topics = p.session_topics or (f"what has been hardest lately ({p.condition})",)
         topic = topics[turn % len(topics)]
@@ -192,7 +189,7 @@ class ClientAgent(TranscriptAgent):
         if self.style:  # one template per style: prompts/client_style_<name>.txt
             manner = render(f"client_style_{self.style.replace(' ', '_')}")
             system += "\n\n" + render("client_style", manner=manner)
-        context = render_context(self.recent(msg.lookahead))
+        context = render_context(self.recent())
         user = render("client_turn", context=context, instruction=msg.text)
         return [ChatMessage("system", system), ChatMessage("user", user)]
 
@@ -260,7 +257,6 @@ class ClientAgent(TranscriptAgent):
                 role=msg.role,
                 text=text,
                 usage=usage,
-                lookahead=msg.lookahead,
                 rejected=rejected,
                 dropped=dropped,
             )

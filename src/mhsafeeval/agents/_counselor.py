@@ -24,8 +24,7 @@ class CounselorAgent(TranscriptAgent):
     utterance, carrying the utterance's category and role through for the judge.
 
     The model sees exactly what a counselor in a real session would: ``system_prompt``, the
-    last ``context_turns`` committed turns as user/assistant pairs (followed by the utterance's
-    ``lookahead``: the exchanges a tree search simulated before it), then the utterance as the
+    last ``context_turns`` committed turns as user/assistant pairs, then the utterance as the
     user turn. It never sees the target cell, the instruction or other uncommitted attempts.
 
     A provider's content-filter answer (``finish_reason="content_filter"``, possibly with
@@ -71,7 +70,7 @@ class CounselorAgent(TranscriptAgent):
     def prompt(self, msg: ClientUtterance) -> list[ChatMessage]:
         """The chat sent to the model under test for ``msg``."""
         messages = [ChatMessage("system", self.system_prompt)]
-        for ex in self.recent(msg.lookahead):
+        for ex in self.recent():
             messages += [ChatMessage("user", ex.client), ChatMessage("assistant", ex.counselor)]
         messages.append(ChatMessage("user", msg.text))
         return messages

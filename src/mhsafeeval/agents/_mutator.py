@@ -91,8 +91,7 @@ class MutatorAgent(TranscriptAgent):
 
     The prompt holds the target (the category's definition; with ``role_conditioning`` also
     the role's definition, the cell's definition and example; without it, no role at all,
-    not even the seeds'), the profile, the last ``context_turns`` committed turns (then the
-    directive's ``lookahead`` exchanges, which the instruction carries on) and the
+    not even the seeds'), the profile, the last ``context_turns`` committed turns and the
     directive's notes; never the severity ladder or a seed's score. The instruction is
     addressed to the client simulator, never to the counselor. When an operator cannot apply
     (see :func:`applied_operator`), the one applied is what ``Instruction.operator`` records.
@@ -154,7 +153,7 @@ class MutatorAgent(TranscriptAgent):
             target=self._target(msg.category, msg.role, msg.role_conditioning),
             task=task,
             profile=profile_to_text(self.profile),
-            context=render_context(self.recent(msg.lookahead)),
+            context=render_context(self.recent()),
             notes=bullets(msg.notes, "(none yet)"),
         )
         return [ChatMessage("system", render("mutator_system")), ChatMessage("user", user)]
@@ -207,7 +206,6 @@ class MutatorAgent(TranscriptAgent):
                     role=msg.role,
                     text=msg.instruction,
                     operator=msg.operator,
-                    lookahead=msg.lookahead,
                 )
             )
             return
@@ -236,7 +234,6 @@ class MutatorAgent(TranscriptAgent):
                 text=text,
                 operator=op,
                 usage=Usage.of(*result.completions),
-                lookahead=msg.lookahead,
             )
         )
 

@@ -134,10 +134,9 @@ class TranscriptAgent(Agent):
             for c in children
         )
 
-    def recent(self, lookahead: Iterable[Exchange] = ()) -> list[Exchange]:
-        """The last ``context_turns`` exchanges, oldest first: the committed turns, then the
-        ``lookahead`` (simulated exchanges) of the message being handled."""
-        return self.transcript.recent(self.context_turns, lookahead)
+    def recent(self) -> list[Exchange]:
+        """The last ``context_turns`` committed exchanges, oldest first."""
+        return self.transcript.recent(self.context_turns)
 
     async def ask(
         self,

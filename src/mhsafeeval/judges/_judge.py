@@ -62,7 +62,8 @@ class RubricJudge(Agent):
     One instance serves one conversation: register it with ``scope="conversation"`` (the
     default), since it folds that conversation's :class:`~mhsafeeval.messages.TurnCommitted`
     events into the context it shows the model. Only committed turns are shown (then the
-    utterance's ``lookahead``, the exchanges a tree search simulated before it); the
+    utterance's ``lookahead``, which only an utterance stored by an earlier version has, so
+    that this judge and the panel's reconstruction stay the same); the
     utterance comes from the :class:`~mhsafeeval.messages.ClientUtterance` with the reply's
     turn, attempt and branch, which must be published before the reply.
 

@@ -84,7 +84,8 @@ class JudgedReply(msgspec.Struct, frozen=True, kw_only=True):
     """The client's utterance the reply answered."""
     context: tuple[Exchange, ...]
     """The exchanges shown before it: committed turns before the reply's turn, then the
-    attempt's lookahead, the last ``context_turns`` of them."""
+    attempt's lookahead (stored by earlier versions' tree search), the last
+    ``context_turns`` of them."""
 
     @property
     def coords(self) -> Coords:

@@ -60,7 +60,6 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True):
     exploration: float = 1.0
     empty_bonus: float = 0.2
     early_stop: bool = False
-    depth: int = 1
 
 
 class _Attempt(AttemptTexts):

@@ -27,10 +27,6 @@ class SearchController(Protocol):
       number tells attempts (or tree-search simulations) of one turn apart;
     * exactly one ``TurnCommitted`` per turn, naming the attempt whose utterance and reply
       become the conversation's turn (only committed turns reach later prompts);
-    * for a lookahead (an attempt played after exchanges it only simulated), the directive's
-      ``lookahead`` and ``branch=lookahead_branch(n)``; the agents pass both on, and a
-      ``TurnCommitted`` that commits such an attempt planned in an earlier turn names that
-      turn in ``committed_turn`` (see the ``uct`` controller's ``depth``);
     * ``ArchiveUpdated`` whenever a cell's elite improves, carrying the whole elite;
     * exactly one ``ConversationFinished`` (status ``completed`` or ``failed``);
     * optionally ``SearchStats`` for inspection.

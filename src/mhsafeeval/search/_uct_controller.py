@@ -19,20 +19,6 @@ reply for the next turn, keeping its statistics. Tree statistics, with the campa
 Success is a judged severity at or above the campaign's threshold (``[campaign] threshold``)
 everywhere here: a reply below it earns reward 0, counts as a failed try in the learned rates,
 does not stop the turn early and does not make the turn a success.
-
-Depth (``[search] depth``, default 1): with depth d > 1 a sampled reply is expanded with the
-next turn's moves, so a simulation may play a *lookahead*: an utterance after exchanges the
-search only simulated (the sample's utterance and reply, carried in the directive's
-``lookahead`` and shown by every agent after the committed turns). A lookahead keeps the turn it
-was planned in, with the branch ``ahead:N`` (N turns past it); it is judged, backed up (so a
-move's value includes what it leads to) and offered to the archive like any simulation. The
-budget stays ``simulations`` counselor calls per turn, but a move must hold its K replies
-before the search looks past it, so lookahead calls are calls the current turn does not get;
-what they buy is reused: re-rooting at the committed reply keeps the lookahead below it, so
-the next turn starts with those replies as its own (committable, with ``committed_turn`` naming
-the turn they were planned in). Nothing looks past the conversation's last turn. A turn's
-success and best severity count the replies to the conversation as it stood at that turn (its
-own depth-1 simulations and the reused lookahead), never a lookahead past it.
 """
 
 from __future__ import annotations
@@ -46,7 +32,6 @@ from mhsafeeval.messages import (
     CallFailed,
     ConversationStarted,
     Directive,
-    Exchange,
     Message,
     Operator,
     SearchStats,
@@ -54,7 +39,6 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Unjudged,
     Verdict,
-    lookahead_branch,
 )
 from mhsafeeval.runtime import on
 
@@ -71,17 +55,15 @@ _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "attempt", "branch", "key", "move", "outcome", "path", "planned")
+    __slots__ = ("action", "attempt", "key", "move", "outcome", "path")
 
-    def __init__(self, path: Path, planned: int, attempt: int) -> None:
-        action = path.actions[-1]
+    def __init__(self, path: Path, attempt: int) -> None:
+        action = path.action
         super().__init__(action.operator)
         self.path = path
         self.action = action
-        self.planned = planned  # the turn it was planned in (its messages' turn)
         self.attempt = attempt
-        self.branch = lookahead_branch(len(path.context))
-        self.key = f"{planned}.{attempt}"  # its sample's key in the tree
+        self.key = str(attempt)  # its sample's key in the tree (see _Conv.sample)
         self.outcome: Message | None = None  # its Verdict, Unjudged or CallFailed, once here
         # The operator the search chose (after seed fallback). ``operator`` is what the
         # mutator says it did, which an ablation may change (no role conditioning turns
@@ -94,7 +76,6 @@ class _Conv:
         "campaign",
         "done",
         "flight",
-        "known",
         "max_turns",
         "model",
         "sims",
@@ -112,8 +93,12 @@ class _Conv:
         self.started = 0  # simulations launched this turn
         self.done = 0  # simulations whose outcome is applied this turn (in attempt order)
         self.sims: dict[int, _Sim] = {}  # this turn's simulations, by attempt
-        self.known: dict[str, _Sim] = {}  # simulations whose reply is a sample in the tree, by key
         self.flight: dict[object, int] = {}  # simulations in flight, by category/role/cell/move
+
+    def sample(self, key: str) -> _Sim:
+        """The simulation whose reply is the tree's sample ``key`` (one of this turn's: a
+        re-rooted tree has no samples until this turn backs some up)."""
+        return self.sims[int(key)]
 
 
 class UCTController(ArchiveController):
@@ -127,9 +112,7 @@ class UCTController(ArchiveController):
         super().__init__(cells, settings.threshold)
         self.settings = settings
         self.tree_settings = UCTSettings(
-            c=settings.exploration,
-            samples=settings.samples_per_action,
-            depth=1 if settings.single_turn else settings.depth,
+            c=settings.exploration, samples=settings.samples_per_action
         )
         self._convs: dict[str, _Conv] = {}
         # Per model: [wins, tries] by category, role, cell and move, over judged simulations.
@@ -203,19 +186,8 @@ class UCTController(ArchiveController):
     def _new_turn(self, source: Message, conv: _Conv) -> None:
         conv.started = conv.done = 0
         conv.sims = {}
-        self._grow(conv)
+        conv.tree.expand(self._candidates(conv))
         self._launch(source, conv)
-
-    def _grow(self, conv: _Conv) -> None:
-        """Give every decision node that may be searched its candidate moves: the root, and
-        with depth > 1 each sampled reply whose next turn is still within the conversation."""
-        open_nodes = [
-            nid for nid in conv.tree.unexpanded() if conv.turn + len(nid) // 2 < conv.max_turns
-        ]
-        if open_nodes:
-            candidates = self._candidates(conv)
-            for nid in open_nodes:
-                conv.tree.expand(nid, candidates)
 
     def _launch(self, source: Message, conv: _Conv) -> None:
         s = self.settings
@@ -225,16 +197,14 @@ class UCTController(ArchiveController):
             and conv.started - conv.done < s.in_flight
             and not (s.early_stop and self._succeeded(conv))
         ):
-            candidates = self._candidates(conv)
-            for nid in conv.tree.expanded():
-                conv.tree.reprioritise(nid, candidates)
+            conv.tree.reprioritise(self._candidates(conv))
             path = conv.tree.select()
             if path is None:  # nothing open: waiting for in-flight replies, or used up
                 exhausted = conv.started == conv.done
                 break
             attempt = conv.started
             conv.started += 1
-            sim = conv.sims[attempt] = _Sim(path, conv.turn, attempt)
+            sim = conv.sims[attempt] = _Sim(path, attempt)
             action = sim.action
             rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
             sim.operator, seeds = self._seeds(conv, action, rng)
@@ -246,7 +216,6 @@ class UCTController(ArchiveController):
                     conversation=source.conversation,
                     turn=conv.turn,
                     attempt=attempt,
-                    branch=sim.branch,
                     causation=source.id,
                     category=action.category,
                     role=action.role,
@@ -254,10 +223,6 @@ class UCTController(ArchiveController):
                     seeds=seeds,
                     role_conditioning=s.role_conditioning,
                     controller=self.name,
-                    lookahead=tuple(
-                        Exchange(past.utterance, past.reply or "")
-                        for past in (conv.known[key] for key in path.context)
-                    ),
                 )
             )
         stopped = s.early_stop and self._succeeded(conv)
@@ -274,9 +239,8 @@ class UCTController(ArchiveController):
 
     @staticmethod
     def _severities(conv: _Conv) -> list[int]:
-        """The judged severities of the replies to the conversation as it stands: the root
-        actions' samples (this turn's depth-1 simulations and lookahead kept by re-rooting)."""
-        found = (conv.known[key].verdict for key in conv.tree.sample_keys())
+        """The judged severities of this turn's replies (the root actions' samples)."""
+        found = (conv.sample(key).verdict for key in conv.tree.sample_keys())
         return [v.severity for v in found if v is not None]
 
     def _seeds(self, conv: _Conv, action: Action, rng: Random) -> tuple[Operator, tuple[Seed, ...]]:
@@ -308,7 +272,7 @@ class UCTController(ArchiveController):
         if action is None or sample is None:
             self._finish(source, conv, "failed", "no simulation of the turn got a counselor reply")
             return
-        sim = conv.known[sample.key]
+        sim = conv.sample(sample.key)
         judged = self._severities(conv)
         self.publish(
             TurnCommitted(
@@ -316,8 +280,6 @@ class UCTController(ArchiveController):
                     turn=conv.turn, attempt=max(conv.sims, default=0), branch="", key="commit"
                 ),
                 committed_attempt=sim.attempt,
-                committed_branch=sim.branch,
-                committed_turn=sim.planned if sim.planned != conv.turn else None,
                 category=action.category,
                 role=action.role,
                 client_text=sim.utterance,
@@ -329,7 +291,6 @@ class UCTController(ArchiveController):
         )
         if conv.turn + 1 < (1 if self.settings.single_turn else conv.max_turns):
             conv.tree = conv.tree.reroot(action, sample.node[-1])
-            conv.known = {key: conv.known[key] for key in conv.tree.sample_keys(deep=True)}
             conv.turn += 1
             self._new_turn(source, conv)
         else:
@@ -408,9 +369,6 @@ class UCTController(ArchiveController):
             log.warning(
                 "search.simulation_failed", agent=msg.agent, model=msg.model, error=msg.error
             )
-        if not isinstance(msg, CallFailed):
-            conv.known[sim.key] = sim
-            self._grow(conv)
         self._fly(conv, sim, -1)
         conv.done += 1
         self.publish(

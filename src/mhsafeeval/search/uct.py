@@ -1,27 +1,25 @@
 """The UCT tree: Monte Carlo tree search over the next client moves, pure and synchronous.
 
 The root is the conversation so far; its children are *actions* (:class:`Action`), chance nodes
-keeping up to K (``samples``) replies each, as the counselor is stochastic; with ``depth > 1``
-a reply is expanded with the next turn's actions. Each simulation draws one new reply:
-:meth:`UCTTree.select` walks down by PUCT to an action with fewer than K samples (in flight
-included), passing full ones through their least visited open sample (ties by the RNG);
-:meth:`UCTTree.backup` adds the reward (:func:`reward`) along the path, so an action's value is
-its samples' mean (the max is only reported). ``select`` marks its path in flight, a virtual
-loss (reward 0 until backed up), so concurrent selects spread out; ``backup`` or ``abandon``
-(which changes no statistics) clears the marks. Progressive widening keeps 20 simulations from
-spreading thin: a node with N visits (in flight included) opens at most
-``ceil(widen_k * N ** widen_alpha)`` live candidates, best prior first, more only when those are
-used up; an action whose every sample scored 0 (a failure: below the campaign's threshold, see
-:func:`reward`) is no longer live, so while nothing has worked each simulation opens a new action
-instead of resampling a failure (rewards are sparse: most replies are safe).
-:meth:`UCTTree.reprioritise` updates priors as evidence arrives. Depth costs simulations: each is
-one counselor call, but every level multiplies the actions wanting K samples by K x the
-candidates per node.
+keeping up to K (``samples``) replies each, as the counselor is stochastic. The tree is one
+turn deep: a sampled reply is never expanded (a lookahead past it measured no gain, see the
+README's "Search controllers"). Each simulation draws one new reply: :meth:`UCTTree.select`
+picks by PUCT a root action with fewer than K samples (in flight included);
+:meth:`UCTTree.backup` adds the reward (:func:`reward`) to the action and the root, so an
+action's value is its samples' mean (the max is only reported). ``select`` marks its action
+in flight, a virtual loss (reward 0 until backed up), so concurrent selects spread out;
+``backup`` or ``abandon`` (which changes no statistics) clears the marks. Progressive widening
+keeps 20 simulations from spreading thin: the root with N visits (in flight included) opens at
+most ``ceil(widen_k * N ** widen_alpha)`` live candidates, best prior first, more only when
+those are used up; an action whose every sample scored 0 (a failure: below the campaign's
+threshold, see :func:`reward`) is no longer live, so while nothing has worked each simulation
+opens a new action instead of resampling a failure (rewards are sparse: most replies are
+safe). :meth:`UCTTree.reprioritise` updates priors as evidence arrives.
 
 Example:
     >>> from random import Random
     >>> tree, blame = UCTTree(Random(0)), Action("blaming", "enabler")
-    >>> tree.expand((), [(blame, 0.7), (Action("gaslighting", "enabler", "vary"), 0.3)])
+    >>> tree.expand([(blame, 0.7), (Action("gaslighting", "enabler", "vary"), 0.3)])
     >>> path = tree.select()
     >>> tree.backup(path, reward(3, threshold=2, cell_empty=True), key="verdict-1")
     (0, 0)
@@ -34,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from random import Random
 from typing import Any, Final
 
@@ -45,8 +43,8 @@ from mhsafeeval.messages import Operator
 __all__ = ["Action", "ActionStats", "NodeId", "Path", "Sample", "UCTSettings", "UCTTree", "reward"]
 
 NodeId = tuple[int, ...]
-"""A node's place: indices from the root, alternately an action's and a sample's. ``()`` is the
-root, an odd length names an action (chance node), an even length a sampled reply."""
+"""A node's place: indices from the root. ``()`` is the root, ``(i,)`` its action ``i`` (a
+chance node), ``(i, j)`` that action's sampled reply ``j``."""
 
 
 def reward(
@@ -89,22 +87,19 @@ class UCTSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     samples: int = 2  # K, the counselor replies kept per action
     widen_k: float = 2.0  # progressive widening factor
     widen_alpha: float = 0.5  # progressive widening exponent
-    depth: int = 1  # turns searched below the root (1: only the next utterance)
 
     def __post_init__(self) -> None:
         ok = self.c >= 0 and self.widen_k > 0 and 0 <= self.widen_alpha <= 1
-        if not (ok and self.samples >= 1 and self.depth >= 1):
+        if not (ok and self.samples >= 1):
             raise ValueError(f"invalid UCT settings: {self!r}")
 
 
 class Path(msgspec.Struct, frozen=True):
-    """One simulation from :meth:`UCTTree.select` (hand this same object back): ``actions`` from
-    the root down, the last to simulate now at action ``node``, after the sampled replies whose
-    keys are ``context`` (one per earlier action); ``ticket`` tells simulations apart."""
+    """One simulation from :meth:`UCTTree.select` (hand this same object back): the root
+    ``action`` to sample now, at node ``node``; ``ticket`` tells simulations apart."""
 
     node: NodeId
-    actions: tuple[Action, ...]
-    context: tuple[str, ...]
+    action: Action
     ticket: int
 
 
@@ -121,7 +116,7 @@ class ActionStats(msgspec.Struct, frozen=True):
 
 
 class Sample(msgspec.Struct, frozen=True):
-    """A sampled reply: its own reward, and its visits and mean including deeper turns."""
+    """A sampled reply: its reward, visits and mean (a reply is a leaf: one visit, its reward)."""
 
     node: NodeId
     reward: float
@@ -174,22 +169,20 @@ class UCTTree:
         self._rng = rng
         self._cfg = settings if settings is not None else UCTSettings()
         self._root = _Node()
-        self._flight: Counter[NodeId] = Counter()  # in-flight simulations through each node
+        self._flight: Counter[NodeId] = Counter()  # in-flight simulations: the root, each action
         self._pending: Counter[NodeId] = Counter()  # in-flight new samples of each action
         self._paths: dict[int, Path] = {}
         self._tickets = 0
 
-    def expand(self, node: NodeId, candidates: Iterable[tuple[Action, float]]) -> None:
-        """Give a decision node its candidate actions with priors (any scale, normalised here).
+    def expand(self, candidates: Iterable[tuple[Action, float]]) -> None:
+        """Give the root its candidate actions with priors (any scale, normalised here).
 
-        They open in order of prior, equal priors in an order drawn from the RNG. An unknown,
-        expanded or too deep node, a repeated action or a bad prior is a ``ValueError``.
+        They open in order of prior, equal priors in an order drawn from the RNG. An expanded
+        root, a repeated action or a bad prior is a ``ValueError``.
         """
-        target = self._trail(node)[-1]
-        if not isinstance(target, _Node) or target.children is not None:
-            raise ValueError(f"{node} is not an unexpanded decision node")
-        if len(node) // 2 >= self._cfg.depth:
-            raise ValueError(f"{node} is at the tree's depth {self._cfg.depth}")
+        target = self._root
+        if target.children is not None:
+            raise ValueError("the root is already expanded")
         pairs = [(action, float(prior)) for action, prior in candidates]
         if len({a for a, _ in pairs}) != len(pairs) or not all(0 <= p < math.inf for _, p in pairs):
             raise ValueError("candidate actions must be distinct, priors finite and non-negative")
@@ -200,24 +193,22 @@ class UCTTree:
             _Chance(action=a, prior=p / total if total > 0 else 1 / len(pairs)) for a, p in pairs
         ]
 
-    def reprioritise(self, node: NodeId, candidates: Iterable[tuple[Action, float]]) -> None:
-        """Give an expanded decision node new priors (e.g. after evidence from other
+    def reprioritise(self, candidates: Iterable[tuple[Action, float]]) -> None:
+        """Give the expanded root new priors (e.g. after evidence from other
         conversations): actions already tried or in flight keep their place and statistics with
         the new prior; the untried ones are re-ordered by the new priors (ties keep their
         order, which the RNG drew), and new actions join them (their ties ordered by the RNG).
         An action missing from ``candidates`` keeps prior 0. Bad candidates are a
         ``ValueError``, as for :meth:`expand`."""
-        target = self._trail(node)[-1]
-        if not isinstance(target, _Node) or target.children is None:
-            raise ValueError(f"{node} is not an expanded decision node")
+        target = self._root
+        if target.children is None:
+            raise ValueError("the root is not expanded")
         raw = {action: float(prior) for action, prior in candidates}
         if not all(0 <= p < math.inf for p in raw.values()):
             raise ValueError("priors must be finite and non-negative")
         children = target.children
         flight = self._flight
-        touched = [
-            bool(ch.visits or ch.samples or flight[(*node, i)]) for i, ch in enumerate(children)
-        ]
+        touched = [bool(ch.visits or ch.samples or flight[(i,)]) for i, ch in enumerate(children)]
         known = {ch.action for ch in children}
         added = [_Chance(action=a, prior=0.0) for a in raw if a not in known]
         self._rng.shuffle(added)
@@ -232,67 +223,45 @@ class UCTTree:
             ch.prior = raw.get(ch.action, 0.0) / total if total > 0 else 1 / share
         target.children = new
 
-    def unexpanded(self) -> list[NodeId]:
-        """Decision nodes above the depth limit still waiting for :meth:`expand`."""
-        return [nid for nid, node in self._decisions() if node.children is None]
+    def expanded(self) -> bool:
+        """Whether the root has its candidates (:meth:`expand` was called)."""
+        return self._root.children is not None
 
-    def expanded(self) -> list[NodeId]:
-        """Decision nodes above the depth limit that have their candidates (root first)."""
-        return [nid for nid, node in self._decisions() if node.children is not None]
-
-    def sample_keys(self, *, deep: bool = False) -> list[str]:
-        """The keys of the root actions' samples (the replies a commit can choose from), or
-        with ``deep`` of every sample in the tree, in tree order."""
-        out: list[str] = []
-        stack = [self._root]
-        while stack:
-            node = stack.pop()
-            for ch in node.children or []:
-                out += [s.key for s in ch.samples]
-                if deep:
-                    stack += ch.samples
-        return out
+    def sample_keys(self) -> list[str]:
+        """The keys of the root actions' samples (the replies a commit can choose from)."""
+        return [s.key for ch in self._root.children or [] for s in ch.samples]
 
     def select(self) -> Path | None:
         """The next simulation, marked in flight; None if none can run now (root not expanded,
-        tree used up, or every open branch waits for in-flight simulations or :meth:`expand`)."""
-        if not self._node_open(self._root, ()):
+        or every action used up or waiting for in-flight simulations)."""
+        if not self._node_open(self._root):
             return None
-        node, nid = self._root, NodeId()
-        actions, context = list[Action](), list[str]()
-        while True:
-            index = self._pick_action(node, nid)
-            chance, cid = (node.children or [])[index], (*nid, index)
-            actions.append(chance.action)
-            if len(chance.samples) + self._pending[cid] < self._cfg.samples:
-                break
-            index = self._pick_sample(chance, cid)
-            node, nid = chance.samples[index], (*cid, index)
-            context.append(node.key)
-        path = Path(cid, tuple(actions), tuple(context), self._tickets)
+        index = self._pick_action(self._root)
+        chance, cid = (self._root.children or [])[index], (index,)
+        path = Path(cid, chance.action, self._tickets)
         self._tickets += 1
         self._paths[path.ticket] = path
-        for n in range(len(cid) + 1):
-            self._flight[cid[:n]] += 1
+        self._flight[()] += 1
+        self._flight[cid] += 1
         self._pending[cid] += 1
         return path
 
     def backup(self, path: Path, reward: float, *, key: str = "", unjudged: bool = False) -> NodeId:
-        """Record the simulation's new sample and add ``reward`` (in [0, 1]) along its path.
+        """Record the simulation's new sample and add ``reward`` (in [0, 1]) to its action and
+        the root.
 
-        ``key`` is the caller's handle on the sample (e.g. its verdict id; later paths show it in
-        ``context``); ``unjudged`` flags a reply the judge could not score (reward 0). Returns the
-        new sample's id, to :meth:`expand` when ``len(path.actions) < depth``. A bad reward or a
-        path not in flight here is a ``ValueError``."""
+        ``key`` is the caller's handle on the sample (e.g. its verdict id, see
+        :meth:`sample_keys`); ``unjudged`` flags a reply the judge could not score (reward 0).
+        Returns the new sample's id. A bad reward or a path not in flight here is a
+        ``ValueError``."""
         if not 0.0 <= reward <= 1.0:
             raise ValueError(f"reward must be in [0, 1], got {reward}")
         self._release(path)
-        *trail, chance = self._trail(path.node)
-        assert isinstance(chance, _Chance)
+        chance = (self._root.children or [])[path.node[0]]
         value = float(reward)
         sample = _Node(reward=value, key=key, unjudged=unjudged, visits=1, value=value)
         chance.samples.append(sample)
-        for node in (*trail, chance):
+        for node in (self._root, chance):
             node.visits += 1
             node.value += value
         return (*path.node, len(chance.samples) - 1)
@@ -301,13 +270,10 @@ class UCTTree:
         """Forget a failed or cancelled simulation: only its in-flight marks change."""
         self._release(path)
 
-    def actions(self, node: NodeId = ()) -> list[ActionStats]:
-        """A decision node's expanded actions (progressive widening applied), best prior first."""
-        target = self._trail(node)[-1]
-        if not isinstance(target, _Node):
-            raise ValueError(f"{node} is not a decision node")
-        children = (target.children or [])[: self._width(target, node)]
-        return [_action_stats(ch, self._flight[(*node, i)]) for i, ch in enumerate(children)]
+    def actions(self) -> list[ActionStats]:
+        """The root's expanded actions (progressive widening applied), best prior first."""
+        children = (self._root.children or [])[: self._width(self._root)]
+        return [_action_stats(ch, self._flight[(i,)]) for i, ch in enumerate(children)]
 
     def best_action(self) -> Action | None:
         """The root action to commit: the highest mean among sampled ones (ties: more visits,
@@ -328,8 +294,9 @@ class UCTTree:
         return Sample((index, j), s.reward or 0.0, s.key, s.unjudged, s.visits, _mean(s))
 
     def reroot(self, action: Action, sample: int, rng: Random | None = None) -> UCTTree:
-        """A new tree whose root is a copy of the root action's ``sample`` subtree, statistics
-        kept; in-flight simulations stay with this tree. ``rng`` defaults to this tree's."""
+        """A new tree whose root is a copy of the root action's ``sample`` (its one visit and
+        reward kept; :meth:`expand` it); in-flight simulations stay with this tree. ``rng``
+        defaults to this tree's."""
         chance = (self._root.children or [])[self._root_index(action)]
         if not 0 <= sample < len(chance.samples):
             raise ValueError(f"{action} has no sample {sample}")
@@ -339,18 +306,18 @@ class UCTTree:
 
     def stats(self) -> dict[str, float]:
         """Figures for a ``SearchStats`` event."""
-        decisions = list(self._decisions(all_depths=True))
-        tried = [ch for _, node in decisions for ch in node.children or [] if ch.visits]
+        children = self._root.children or []
+        samples = [s for ch in children for s in ch.samples]
+        tried = [ch for ch in children if ch.visits]
         best, top = self.best_action(), self.actions()
         return {
-            "nodes": float(len(decisions) + len(tried)),  # root, samples and tried actions
+            "nodes": float(1 + len(samples) + len(tried)),  # root, samples and tried actions
             "root_visits": float(self._root.visits),
-            "max_depth": float(max(len(nid) // 2 for nid, _ in decisions)),
             "in_flight": float(self._flight[()]),
             "in_flight_marks": float(self._flight.total() + self._pending.total()),
             "best_mean": max((a.mean for a in top if a.action == best), default=0.0),
             "best_reward": max((a.best_reward or 0.0 for a in top), default=0.0),
-            "unjudged": float(sum(node.unjudged for _, node in decisions)),
+            "unjudged": float(sum(s.unjudged for s in samples)),
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -366,30 +333,13 @@ class UCTTree:
         state = msgspec.convert(snapshot, _Snapshot)  # ValidationError is a ValueError
         if state.version != _SNAPSHOT_VERSION:
             raise ValueError(f"unsupported UCT snapshot version {state.version}")
+        if any(s.children is not None for ch in state.root.children or [] for s in ch.samples):
+            raise ValueError("the UCT snapshot holds a lookahead below a sampled reply")
         tree = cls(rng, state.settings)
         tree._root = state.root
         return tree
 
     # -- internals -------------------------------------------------------------------------------
-
-    def _trail(self, nid: NodeId) -> list[_Node | _Chance]:
-        trail: list[_Node | _Chance] = [self._root]
-        for i in nid:
-            cur = trail[-1]
-            items = cur.samples if isinstance(cur, _Chance) else cur.children or []
-            if not 0 <= i < len(items):
-                raise ValueError(f"no node {nid} in this tree")
-            trail.append(items[i])
-        return trail
-
-    def _decisions(self, *, all_depths: bool = False) -> Iterator[tuple[NodeId, _Node]]:
-        stack: list[tuple[NodeId, _Node]] = [((), self._root)]
-        while stack:
-            nid, node = stack.pop()
-            if all_depths or len(nid) // 2 < self._cfg.depth:
-                yield nid, node
-            for i, ch in enumerate(node.children or []):
-                stack.extend(((*nid, i, j), s) for j, s in enumerate(ch.samples))
 
     def _root_index(self, action: Action) -> int:
         found = [i for i, ch in enumerate(self._root.children or []) if ch.action == action]
@@ -401,50 +351,47 @@ class UCTTree:
         if self._paths.get(path.ticket) is not path:
             raise ValueError("path is not in flight in this tree (backed up or abandoned?)")
         del self._paths[path.ticket]
-        marks = [(self._flight, path.node[:n]) for n in range(len(path.node) + 1)]
-        for counter, nid in [*marks, (self._pending, path.node)]:
+        marks = [(self._flight, ()), (self._flight, path.node), (self._pending, path.node)]
+        for counter, nid in marks:
             counter[nid] -= 1
             if not counter[nid]:
                 del counter[nid]
 
-    def _node_open(self, node: _Node, nid: NodeId) -> bool:
-        if len(nid) // 2 >= self._cfg.depth or node.children is None:
-            return False
-        return any(self._chance_open(ch, (*nid, i)) for i, ch in enumerate(node.children))
+    def _node_open(self, node: _Node) -> bool:
+        children = node.children or []
+        return any(self._chance_open(ch, (i,)) for i, ch in enumerate(children))
 
     def _chance_open(self, chance: _Chance, cid: NodeId) -> bool:
-        if len(chance.samples) + self._pending[cid] < self._cfg.samples:
-            return True
-        return any(self._node_open(s, (*cid, j)) for j, s in enumerate(chance.samples))
+        return len(chance.samples) + self._pending[cid] < self._cfg.samples
 
-    def _width(self, node: _Node, nid: NodeId) -> int:
+    def _width(self, node: _Node) -> int:
         children = node.children or []
-        n = float(node.visits + self._flight[nid])
+        n = float(node.visits + self._flight[()])
         limit = max(1, math.ceil(self._cfg.widen_k * math.pow(n, self._cfg.widen_alpha) - 1e-9))
         width = held = 0
         for i, ch in enumerate(children):  # the shortest prefix holding `limit` live actions
             if held == limit:
                 break
             width = i + 1
-            held += not (ch.visits and not ch.value and not self._flight[(*nid, i)])
-        tried = [i + 1 for i, ch in enumerate(children) if ch.visits or self._flight[(*nid, i)]]
+            held += not (ch.visits and not ch.value and not self._flight[(i,)])
+        tried = [i + 1 for i, ch in enumerate(children) if ch.visits or self._flight[(i,)]]
         return min(len(children), max([width, *tried]))
 
     def _pick(self, options: list[int]) -> int:
         return options[0] if len(options) == 1 else options[self._rng.randrange(len(options))]
 
-    def _pick_action(self, node: _Node, nid: NodeId) -> int:
+    def _pick_action(self, node: _Node) -> int:
         children = node.children or []
-        width = self._width(node, nid)
-        live = [i for i in range(width) if self._chance_open(children[i], (*nid, i))]
+        width = self._width(node)
+        live = [i for i in range(width) if self._chance_open(children[i], (i,))]
         if not live:  # every expanded action is used up or waiting: widen past the limit
             rest = range(width, len(children))
-            live = [next(i for i in rest if self._chance_open(children[i], (*nid, i)))]
-        counts = {i: children[i].visits + self._flight[(*nid, i)] for i in live}
+            live = [next(i for i in rest if self._chance_open(children[i], (i,)))]
+        counts = {i: children[i].visits + self._flight[(i,)] for i in live}
         if fresh := [i for i in live if not counts[i]]:
             return fresh[0]  # unvisited first, best prior first
         total = sum(children[i].prior for i in live)  # renormalised over those in contention
-        explore = self._cfg.c * math.sqrt(node.visits + self._flight[nid])
+        explore = self._cfg.c * math.sqrt(node.visits + self._flight[()])
         scores = {
             i: children[i].value / counts[i]
             + explore * (children[i].prior / total if total else 1 / len(live)) / (1 + counts[i])
@@ -452,9 +399,3 @@ class UCTTree:
         }
         top = max(scores.values())
         return self._pick([i for i in live if scores[i] == top])
-
-    def _pick_sample(self, chance: _Chance, cid: NodeId) -> int:
-        live = [j for j, s in enumerate(chance.samples) if self._node_open(s, (*cid, j))]
-        counts = {j: chance.samples[j].visits + self._flight[(*cid, j)] for j in live}
-        low = min(counts.values())
-        return self._pick([j for j in live if counts[j] == low])

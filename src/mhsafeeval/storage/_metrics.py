@@ -473,11 +473,16 @@ def _judges(
         readers[name] = lambda a, name=name: a.ratings.get(name)  # type: ignore[misc]
     if len(panel) >= 2:
         readers[PANEL] = lambda a: panel_vote([a.ratings[r] for r in panel if r in a.ratings])
-    out: list[JudgeMetrics] = []
-    for name, read in readers.items():
-        out.append(_judge_metrics(name, read, judged, turns, per_cell, threshold))
     members = [SEARCH, *raters]
-    return out, _agreement(members, readers, judged, per_cell)
+    agreement = _agreement(members, readers, judged, per_cell)
+    with_search = {  # computed once: each rater's kappa with the search's judge
+        p.b: (p.weighted_kappa, p.weighted_kappa_ci) for p in agreement.pairwise if p.a == SEARCH
+    }
+    out = [
+        _judge_metrics(name, read, judged, turns, per_cell, threshold, with_search.get(name))
+        for name, read in readers.items()
+    ]
+    return out, agreement
 
 
 def _judge_metrics(
@@ -487,6 +492,7 @@ def _judge_metrics(
     turns: Sequence[tuple[str, list[TurnRow]]],
     per_cell: dict[tuple[str, str], CellMetrics],
     threshold: int,
+    known: tuple[float | None, Interval | None] | None = None,
 ) -> JudgeMetrics:
     seen = [(a, read(a)) for a in judged]
     rated = [(a, r) for a, r in seen if r is not None and r.severity is not None]
@@ -507,8 +513,8 @@ def _judge_metrics(
             hits = by_cell.get(cell, [])
             cm.asr_by_judge = {**cm.asr_by_judge, name: _rate(sum(hits), len(hits))}
     both = [(a, r) for a, r in rated if a.severity is not None]
-    kappa, kappa_ci = (None, None)
-    if name != SEARCH and both:
+    kappa, kappa_ci = known if known is not None else (None, None)
+    if name != SEARCH and both and known is None:
         kappa, kappa_ci = _kappa(
             [(a.conversation, (a.severity or 0, r.severity or 0)) for a, r in both]
         )
