@@ -90,6 +90,16 @@ LITELLM = COUNSELOR + 'provider = "litellm/openai/gpt-4o-mini"\n'
             "not an option litellm.acompletion accepts",
         ),
         (
+            LITELLM + 'options = { frequency_penalty = "high" }',
+            "counselors.x.options.frequency_penalty",
+            "not a value litellm.acompletion takes for frequency_penalty: Expected `float",
+        ),
+        (
+            LITELLM + 'options = { seed = 1.5, stop = ["x"] }',
+            "counselors.x.options.seed",
+            "Expected `int",
+        ),
+        (
             LITELLM + "options = { num_retries = 3 }",
             "counselors.x.options.num_retries",
             "set by mhsafeeval",

@@ -203,11 +203,17 @@ def check_litellm_settings(model: str, settings: ModelSettings) -> list[tuple[st
 def _option_problems(settings: ModelSettings, ll: Any) -> list[tuple[str, str]]:
     problems = []
     accepted = _accepted_options(ll)
-    for key in settings.options:
+    typed = _option_types(ll)
+    for key, value in settings.options.items():
         if key in RESERVED_OPTIONS:
             reason = "set by mhsafeeval from the model settings, not an option"
-        elif key in OWN_OPTIONS or key in accepted:
+        elif key in OWN_OPTIONS:
             continue
+        elif key in accepted:
+            wrong = _wrong_type(value, typed.get(key))
+            if wrong is None:
+                continue
+            reason = f"not a value litellm.acompletion takes for {key}: {wrong}"
         else:
             reason = (
                 "not an option litellm.acompletion accepts (provider-specific parameters go "
@@ -225,6 +231,30 @@ def _accepted_options(ll: Any) -> frozenset[str]:
         if p.kind is not inspect.Parameter.VAR_KEYWORD
     }
     return frozenset(named | LITELLM_EXTRA_OPTIONS) - RESERVED_OPTIONS
+
+
+@functools.cache
+def _option_types(ll: Any) -> dict[str, Any]:
+    """The annotated type of each parameter of ``litellm.acompletion`` (where it has one)."""
+    return {
+        name: p.annotation
+        for name, p in inspect.signature(ll.acompletion).parameters.items()
+        if p.annotation is not inspect.Parameter.empty and p.annotation is not object
+    }
+
+
+def _wrong_type(value: Any, annotation: Any) -> str | None:
+    """Why ``value`` does not fit ``annotation`` (msgspec's words), or None: it fits, or the
+    type is one msgspec cannot check (litellm's own classes), and litellm will judge it."""
+    if annotation is None:
+        return None
+    try:
+        msgspec.convert(value, annotation)
+    except msgspec.ValidationError as exc:
+        return str(exc)
+    except Exception:  # a type msgspec does not support: not checked here
+        return None
+    return None
 
 
 def import_litellm() -> Any:
