@@ -759,9 +759,7 @@ async def run_campaign(
             if getattr(make_controller, "uses_refiner", True):
                 rt.register(
                     "refiner",
-                    lambda aid: RefinerAgent(
-                        roles["refiner"], max_attempts=c.max_attempts, threshold=c.threshold
-                    ),
+                    lambda aid: RefinerAgent(roles["refiner"], refinement=settings.refinement),
                     types=RefinerAgent.handled_types(),
                 )
             rt.add(make_controller(cells, settings), name="controller")

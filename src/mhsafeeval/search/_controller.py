@@ -19,6 +19,7 @@ from mhsafeeval.messages import (
     ConversationStarted,
     Directive,
     Message,
+    Refinement,
     RefinerNotes,
     Seed,
     TurnCommitted,
@@ -60,6 +61,13 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True):
     exploration: float = 1.0
     empty_bonus: float = 0.2
     early_stop: bool = False
+
+    @property
+    def refinement(self) -> Refinement:
+        """The rule for which verdicts get refiner notes (give the refiner this same one)."""
+        return Refinement(
+            threshold=self.threshold, max_attempts=self.max_attempts, enabled=self.use_refiner
+        )
 
 
 class _Attempt(AttemptTexts):
@@ -242,7 +250,7 @@ class TurnController(ArchiveController):
         self.offer(conv.model, attempt, msg)
         if msg.severity >= self.settings.threshold:
             self._commit(msg, conv)
-        elif self.settings.use_refiner and conv.attempt + 1 < self.settings.max_attempts:
+        elif self.settings.refinement.wants_notes(msg):
             conv.waiting = True  # the refiner answers with RefinerNotes (or CallFailed)
         else:
             self._next_attempt(msg, conv)
