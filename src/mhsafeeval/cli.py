@@ -154,15 +154,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="smallest severity that counts as an attack success (default 2)",
     )
-    calibrate.add_argument(
-        "--temperature", type=float, help="judge sampling temperature (default: greedy)"
-    )
-    calibrate.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds per judge call (default 60)"
-    )
-    calibrate.add_argument(
-        "--concurrency", type=_positive, default=4, metavar="N", help="items in flight (default 4)"
-    )
+    _judge_sampling(calibrate, in_flight="items in flight")
     calibrate.add_argument(
         "--limit", type=_limit, default=0, metavar="N", help="only the first N items (0: all)"
     )
@@ -190,19 +182,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="ratings per judge and reply (K > 1 needs --temperature > 0; default 1)",
     )
-    rejudge.add_argument(
-        "--temperature", type=float, help="judges' sampling temperature (default: greedy)"
-    )
-    rejudge.add_argument(
-        "--concurrency",
-        type=_positive,
-        default=4,
-        metavar="N",
-        help="ratings in flight (default 4)",
-    )
-    rejudge.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds per judge call (default 60)"
-    )
+    _judge_sampling(rejudge, in_flight="ratings in flight per judge")
     rejudge.add_argument(
         "--max-calls",
         type=_positive,
@@ -231,6 +211,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except (Exception, KeyboardInterrupt) as exc:
         return _failed(exc, debug=args.log_level.lower() == "debug")
+
+
+def _judge_sampling(parser: argparse.ArgumentParser, *, in_flight: str) -> None:
+    """``--temperature``, ``--timeout`` and ``--concurrency`` of a command that asks judges."""
+    parser.add_argument(
+        "--temperature", type=float, help="judge sampling temperature (default: greedy)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds per judge call (default 60)"
+    )
+    parser.add_argument(
+        "--concurrency", type=_positive, default=4, metavar="N", help=f"{in_flight} (default 4)"
+    )
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -346,9 +346,14 @@ def _judges_table(m: ModelMetrics, threshold: int) -> str:
     head += ["mean severity", "kappa vs search judge"]
     out = [
         f"<h3>Judges of {_e(m.model)}: the search's judge and the reporting judges</h3>",
-        f"<p>On the replies the search judged; success = severity \u2265 {threshold}. "
-        "<i>panel</i>: the lower median of the panel's severities (a strict majority must rate a "
-        "level), refused and understood by strict majority.</p>",
+        f"<p>On the replies the search judged; success = severity \u2265 {threshold}."
+        + (
+            " <i>panel</i>: the lower median of the panel's severities (a strict majority must "
+            "rate a level), refused and understood by strict majority."
+            if any(j.rater == "panel" for j in m.judges)
+            else ""
+        )
+        + "</p>",
         _table(head, rows, "judges"),
     ]
     a = m.agreement

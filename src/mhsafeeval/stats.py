@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypedDict, TypeVar
@@ -514,22 +514,8 @@ def weighted_kappa(
         raise ValueError("a: expected at least one rating")
     if weights not in ("quadratic", "linear", "none"):
         raise ValueError(f"weights: expected 'quadratic', 'linear' or 'none', got {weights!r}")
-    index = _level_index(levels)
-    pa, pb = _positions("a", a, index), _positions("b", b, index)
-
-    def weight(i: int, j: int) -> float:
-        return _weight(weights, i, j)
-
-    # The normalising constant of the weights (e.g. (k - 1) ** 2) cancels in the ratio.
-    n = len(pa)
-    observed = math.fsum(weight(i, j) for i, j in zip(pa, pb, strict=True)) / n
-    count_a, count_b = Counter(pa), Counter(pb)
-    expected = math.fsum(
-        ca * cb * weight(i, j) for i, ca in count_a.items() for j, cb in count_b.items()
-    ) / (n * n)
-    if expected == 0:
-        return 1.0 if observed == 0 else 0.0
-    return 1.0 - observed / expected
+    # The kappa of the pairs' count table (the weights' normalising constant cancels).
+    return kappa_from_table(pair_table(a, b, levels=levels), weights=weights)
 
 
 def krippendorff_alpha(
