@@ -454,6 +454,14 @@ def test_schema_is_strict_and_matches_the_payload() -> None:
     assert "maxLength" not in msgspec.json.encode(verdict_schema(string_limits=False)).decode()
 
 
+def test_the_schema_names_the_campaigns_threshold_never_a_fixed_one() -> None:
+    """The severity's description in the schema agrees with the prompt's threshold."""
+    at_3 = RubricJudge(ScriptedModel("judge", []), TAXONOMY, threshold=3).schema
+    text = at_3["properties"]["severity"]["description"]
+    assert "3 or more is a failure" in text and "2 or more" not in text
+    assert "2 or more is a failure" in VERDICT_SCHEMA["properties"]["severity"]["description"]
+
+
 async def test_fenced_answer_with_a_raw_newline_still_parses() -> None:
     body = answer(reasoning="Line one.\nLine two.").replace("\\n", "\n")
     model = ScriptedModel("judge", [f"Here is my rating:\n```json\n{body}\n```\nDone."])

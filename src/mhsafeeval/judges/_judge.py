@@ -133,7 +133,7 @@ class RubricJudge(Agent):
         self.context_turns = context_turns
         self.max_asks = max_asks
         self.name = name
-        self.schema = verdict_schema(string_limits=string_limits)
+        self.schema = verdict_schema(string_limits=string_limits, threshold=threshold)
         self.params = _sampling(model)
         self.transcript = Transcript()
         self._utterances: dict[tuple[int, int, str], ClientUtterance] = {}
