@@ -457,9 +457,8 @@ async def test_the_refiner_and_the_controller_share_one_refinement_rule() -> Non
     for severity, attempt in itertools.product(range(1, 6), range(4)):
         model = ScriptedModel("refiner", [notes_json("a", "b", "c")])
         # max_attempts/threshold left at their defaults (5, 2): the shared rule wins.
-        out = await drive(
-            RefinerAgent, lambda: RefinerAgent(model, refinement=rule), verdict(severity, attempt)
-        )
+        make = functools.partial(RefinerAgent, model, refinement=rule)
+        out = await drive(RefinerAgent, make, verdict(severity, attempt))
         wrote = bool(out)
         assert wrote == rule.wants_notes(verdict(severity, attempt)), (severity, attempt)
         assert wrote == (severity < 3 and attempt + 1 < 3), (severity, attempt)
