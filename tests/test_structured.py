@@ -105,3 +105,47 @@ async def test_custom_validation_and_types_are_not_coerced() -> None:
     )
     assert out.value == Score(3, "b")
     assert out.asks == 3
+
+
+def test_answer_schemas_are_generated_from_the_structs_that_decode_them() -> None:
+    """The mutator's and refiner's schemas come from their answer structs: byte for byte what
+    was written by hand before, and their bounds are the very ones decoding enforces."""
+    import json
+
+    from mhsafeeval.agents import INSTRUCTION_SCHEMA, NOTES_SCHEMA
+    from mhsafeeval.agents._mutator import _Written
+    from mhsafeeval.agents._refiner import _Notes
+    from mhsafeeval.runtime.providers import answer_schema
+
+    assert json.dumps(NOTES_SCHEMA) == json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "notes": {
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1, "maxLength": 300},
+                    "minItems": 3,
+                    "maxItems": 5,
+                }
+            },
+            "required": ["notes"],
+            "additionalProperties": False,
+        }
+    )
+    assert json.dumps(INSTRUCTION_SCHEMA) == json.dumps(
+        {
+            "type": "object",
+            "properties": {"instruction": {"type": "string", "minLength": 1, "maxLength": 600}},
+            "required": ["instruction"],
+            "additionalProperties": False,
+        }
+    )
+    assert answer_schema(_Notes) == NOTES_SCHEMA and answer_schema(_Written) == INSTRUCTION_SCHEMA
+    bounds = NOTES_SCHEMA["properties"]["notes"]
+    for count in (bounds["minItems"] - 1, bounds["maxItems"] + 1):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert({"notes": ["a note"] * count}, _Notes)
+    msgspec.convert({"notes": ["a note"] * bounds["minItems"]}, _Notes)
+    too_long = "x" * (INSTRUCTION_SCHEMA["properties"]["instruction"]["maxLength"] + 1)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"instruction": too_long}, _Written)

@@ -13,6 +13,7 @@ from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
     ModelClient,
+    answer_schema,
 )
 from mhsafeeval.taxonomy import Taxonomy
 
@@ -24,19 +25,13 @@ __all__ = ["INSTRUCTION_SCHEMA", "MutatorAgent"]
 
 MAX_INSTRUCTION_CHARS = 600
 
-INSTRUCTION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "instruction": {"type": "string", "minLength": 1, "maxLength": MAX_INSTRUCTION_CHARS}
-    },
-    "required": ["instruction"],
-    "additionalProperties": False,
-}
-"""The JSON schema the mutator's model answers in."""
-
 
 class _Written(msgspec.Struct, forbid_unknown_fields=True):
     instruction: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_INSTRUCTION_CHARS)]
+
+
+INSTRUCTION_SCHEMA: dict[str, Any] = answer_schema(_Written)
+"""The JSON schema the mutator's model answers in (generated from the struct that decodes it)."""
 
 
 @functools.cache

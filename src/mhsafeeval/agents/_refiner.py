@@ -14,6 +14,7 @@ from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
     ModelClient,
+    answer_schema,
 )
 
 from ._prompts import TranscriptAgent, bullets, log, render, render_context
@@ -22,20 +23,6 @@ __all__ = ["NOTES_SCHEMA", "RefinerAgent"]
 
 MIN_NOTES, MAX_NOTES, MAX_NOTE_CHARS = 3, 5, 300
 
-NOTES_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "notes": {
-            "type": "array",
-            "items": {"type": "string", "minLength": 1, "maxLength": MAX_NOTE_CHARS},
-            "minItems": MIN_NOTES,
-            "maxItems": MAX_NOTES,
-        }
-    },
-    "required": ["notes"],
-    "additionalProperties": False,
-}
-"""The JSON schema the refiner's model answers in."""
 
 # A score the judge may have written into its reasoning ("severity 1", "rated 2/5", "1 out of
 # 5"): removed before the reasoning reaches the prompt. Best effort; judges should not do it.
@@ -51,6 +38,10 @@ class _Notes(msgspec.Struct, forbid_unknown_fields=True):
         tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NOTE_CHARS)], ...],
         msgspec.Meta(min_length=MIN_NOTES, max_length=MAX_NOTES),
     ]
+
+
+NOTES_SCHEMA: dict[str, Any] = answer_schema(_Notes)
+"""The JSON schema the refiner's model answers in (generated from the struct that decodes it)."""
 
 
 def _check(value: _Notes) -> None:

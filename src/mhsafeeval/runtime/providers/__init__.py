@@ -13,7 +13,13 @@ from ._registry import (
     resolve_provider,
 )
 from ._resilient import CallStats, ResilientClient
-from ._structured import Structured, StructuredOutputError, complete_structured, extract_json
+from ._structured import (
+    Structured,
+    StructuredOutputError,
+    answer_schema,
+    complete_structured,
+    extract_json,
+)
 from ._types import (
     CallParams,
     ChatMessage,
@@ -43,6 +49,7 @@ __all__ = [
     "Structured",
     "StructuredOutputError",
     "TransientProviderError",
+    "answer_schema",
     "available_providers",
     "complete_structured",
     "extract_json",

@@ -18,10 +18,69 @@ from ._types import (
     ProviderError,
 )
 
-__all__ = ["Structured", "StructuredOutputError", "complete_structured", "extract_json"]
+__all__ = [
+    "Structured",
+    "StructuredOutputError",
+    "answer_schema",
+    "complete_structured",
+    "extract_json",
+]
 
 T = TypeVar("T")
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
+
+
+def answer_schema(kind: type[Any]) -> dict[str, Any]:
+    """The JSON schema a model answers in, generated from the msgspec Struct that decodes the
+    answer (``msgspec.json.schema``), in the one shape every structured-output path accepts:
+    OpenAI's strict mode and llama.cpp's grammar converter alike. ``$ref``s are inlined,
+    titles and struct docstrings dropped (they are for developers, not the model), and every
+    object lists all its properties as required, in field order (constrained decoders emit
+    keys in schema order), with no additional properties. Field constraints (``Meta``) become
+    the schema's bounds, so the schema and the validation cannot drift apart.
+
+    Example:
+        >>> from typing import Annotated
+        >>> text = Annotated[str, msgspec.Meta(min_length=1, max_length=50)]
+        >>> Answer = msgspec.defstruct("Answer", [("text", text)])
+        >>> answer_schema(Answer)["properties"]
+        {'text': {'type': 'string', 'minLength': 1, 'maxLength': 50}}
+        >>> answer_schema(Answer)["required"], answer_schema(Answer)["additionalProperties"]
+        (['text'], False)
+    """
+    raw = msgspec.json.schema(kind)
+    defs: dict[str, Any] = raw.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return walk(defs[node["$ref"].rsplit("/", 1)[-1]])
+        if node.get("type") == "object" and "properties" in node:
+            properties = {name: walk(sub) for name, sub in node["properties"].items()}
+            return {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties),
+                "additionalProperties": False,
+            }
+        kept = {key: walk(value) for key, value in node.items() if key != "title"}
+        return dict(sorted(kept.items(), key=lambda item: _KEY_ORDER.get(item[0], 99)))
+
+    out: dict[str, Any] = walk(raw)
+    return out
+
+
+# The order keywords are written in, lower bounds first (schemas end up in prompts as text too,
+# so one order everywhere keeps every prompt byte-identical from run to run).
+_KEY_ORDER = {
+    key: i
+    for i, key in enumerate(
+        ("type", "enum", "description", "items", "minLength", "maxLength", "minItems", "maxItems")
+    )
+}
 
 
 class StructuredOutputError(ProviderError):
