@@ -72,7 +72,10 @@ def test_good_config_decodes(tmp_path: Path) -> None:
         ('[logging]\nlevel = "loud"', "logging.level", "must be one of"),
         ("models = 3", "models", "expected object"),
         ("[search]\ndepth = 2", "search.depth", "lookahead (depth > 1) was removed"),
-        ("[search]\nempty_bonus = 2.0", "search.empty_bonus", "must be between 0 and 1"),
+        ("[search]\nempty_bonus = 2.0", "search.empty_bonus", "must be <= 1"),
+        ("[search]\nempty_bonus = -0.5", "search.empty_bonus", "must be >= 0"),
+        ("[campaign]\nthreshold = 6", "campaign.threshold", "must be <= 5"),
+        ("[campaign]\nthreshold = 0", "campaign.threshold", "must be >= 1"),
     ],
 )
 def test_errors_name_file_key_and_reason(text: str, field: str, reason: str) -> None:

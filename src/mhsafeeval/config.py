@@ -91,7 +91,7 @@ class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_attempts: Annotated[int, _at_most(1, 100)] = 5
     conversations_per_profile: Annotated[int, _at_most(1, MAX_PLANNED_CONVERSATIONS)] = 1
     concurrency: Annotated[int, _at_most(1, 1024)] = 4
-    threshold: int = 2
+    threshold: Annotated[int, _at_most(1, 5)] = 2
     context_turns: Annotated[int, _at_most(0, 1000)] = 5
     controller: str = "map-elites"
     profiles: str = "builtin"
@@ -110,7 +110,6 @@ class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         msgspec.structs.force_setattr(self, "style", style_name(self.style))
         choices = ", ".join(map(repr, CLIENT_STYLES))
         checks = (
-            (1 <= self.threshold <= 5, "threshold", "must be between 1 and 5"),
             (bool(self.name.strip()), "name", "must not be empty"),
             (
                 self.style in ("random", "none", *CLIENT_STYLES),
@@ -224,12 +223,8 @@ class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     in_flight: Annotated[int, _at_most(1, 1024)] = 4
     samples_per_action: Annotated[int, _at_most(1, 100)] = 2
     exploration: Annotated[float, _at_most(0, 1000)] = 1.0
-    empty_bonus: float = 0.2
+    empty_bonus: Annotated[float, _at_most(0, 1)] = 0.2
     early_stop: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.empty_bonus <= 1:
-            raise ValueError("must be between 0 and 1 - at `$.empty_bonus`")
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
