@@ -82,7 +82,9 @@ class Budget:
         self.stop = anyio.Event()
         self._idle: anyio.Event | None = None
         history = list(history)
-        log = CampaignLog.of(history)  # calls and tokens by the report's rules
+        log = CampaignLog(retain=False)  # calls and tokens by the report's rules (totals only)
+        for msg in history:
+            log.add(msg)
         totals = log.spent()
         self.tokens = sum(u.tokens for u in totals.values())
         self.counselor_calls = totals["counselor"].calls if "counselor" in totals else 0

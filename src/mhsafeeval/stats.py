@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypedDict, TypeVar
@@ -259,6 +258,15 @@ def _check_resamples(resamples: int) -> None:
         raise ValueError(f"resamples: expected at least 1, got {resamples!r}")
 
 
+def _percentile_interval(estimates: list[float], confidence: float) -> tuple[float, float]:
+    """The central ``confidence`` interval of bootstrap estimates ((nan, nan) for none)."""
+    if not estimates:
+        return (math.nan, math.nan)
+    estimates.sort()
+    tail = (1.0 - confidence) / 2.0
+    return (_percentile(estimates, tail), _percentile(estimates, 1.0 - tail))
+
+
 def bootstrap_statistic(
     units: Sequence[T],
     statistic: Callable[[Sequence[T]], float],
@@ -306,11 +314,7 @@ def bootstrap_statistic(
         value = statistic(rng.choices(pool, k=len(pool)))
         if not math.isnan(value):
             estimates.append(value)
-    if not estimates:
-        return (math.nan, math.nan)
-    estimates.sort()
-    tail = (1.0 - confidence) / 2.0
-    return (_percentile(estimates, tail), _percentile(estimates, 1.0 - tail))
+    return _percentile_interval(estimates, confidence)
 
 
 def _ratio_of_sums(clusters: Sequence[tuple[float, float]]) -> float:
@@ -402,11 +406,7 @@ def _counted_bootstrap(
         denominator = total & mask
         if denominator:
             estimates.append((total >> width) / denominator)
-    if not estimates:
-        return (math.nan, math.nan)
-    estimates.sort()
-    tail = (1.0 - confidence) / 2.0
-    return (_percentile(estimates, tail), _percentile(estimates, 1.0 - tail))
+    return _percentile_interval(estimates, confidence)
 
 
 def rate_clustered(
@@ -563,50 +563,9 @@ def krippendorff_alpha(
     """
     if level not in ("nominal", "ordinal", "interval"):
         raise ValueError(f"level: expected 'nominal', 'ordinal' or 'interval', got {level!r}")
-    index = _level_index(levels)
-    coincidences: defaultdict[tuple[int, int], float] = defaultdict(float)
-    for u, row in enumerate(ratings):
-        values = []
-        for c, value in enumerate(row):
-            if value is None:
-                continue
-            if value not in index:
-                raise ValueError(
-                    f"ratings[{u}][{c}]: {value!r} is not one of the levels {list(index)!r}"
-                )
-            values.append(value)
-        m = len(values)
-        if m < 2:
-            continue
-        for x, y in itertools.permutations(values, 2):
-            coincidences[(x, y)] += 1.0 / (m - 1)
-    marginals: defaultdict[int, float] = defaultdict(float)
-    for (c, _), count in coincidences.items():
-        marginals[c] += count
-    n = math.fsum(marginals.values())
-    if n == 0:
-        return math.nan
-
-    # For the ordinal metric: cumulative[i] = pairable ratings at the levels before levels[i].
-    rank = {v: i for i, v in enumerate(levels)}
-    cumulative = [0.0, *itertools.accumulate(marginals[v] for v in levels)]
-
-    def distance(c: int, k: int) -> float:
-        if level == "nominal":
-            return 0.0 if c == k else 1.0
-        if level == "interval":
-            return float((c - k) ** 2)
-        lo, hi = sorted((rank[c], rank[k]))
-        between = cumulative[hi + 1] - cumulative[lo]
-        return (between - (marginals[c] + marginals[k]) / 2.0) ** 2
-
-    observed = math.fsum(count * distance(c, k) for (c, k), count in coincidences.items())
-    expected = math.fsum(
-        marginals[c] * marginals[k] * distance(c, k) for c in marginals for k in marginals
-    )
-    if expected == 0:
-        return 1.0
-    return 1.0 - (n - 1.0) * observed / expected
+    coders = max((len(row) for row in ratings), default=2)
+    table = coincidence_table(ratings, coders=coders, levels=levels)
+    return alpha_from_coincidences(table, coders=coders, level=level, levels=levels)
 
 
 Table = list[list[int]]
@@ -790,11 +749,7 @@ def cluster_bootstrap_tables(
         estimate = statistic([flat[r * cols : (r + 1) * cols] for r in range(rows)])
         if not math.isnan(estimate):
             estimates.append(estimate)
-    if not estimates:
-        return (math.nan, math.nan)
-    estimates.sort()
-    tail = (1.0 - confidence) / 2.0
-    return (_percentile(estimates, tail), _percentile(estimates, 1.0 - tail))
+    return _percentile_interval(estimates, confidence)
 
 
 def _average_ranks(values: Sequence[float]) -> list[float]:

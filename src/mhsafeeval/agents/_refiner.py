@@ -113,8 +113,6 @@ class RefinerAgent(TranscriptAgent):
         if rule.max_attempts < 1 or keep < 0 or max_asks < 1:
             raise ValueError("need max_attempts >= 1, keep >= 0 and max_asks >= 1")
         self.refinement = rule
-        self.max_attempts = rule.max_attempts
-        self.threshold = rule.threshold
         self.keep = keep
         self.max_asks = max_asks
         self._notes: dict[tuple[str, str], deque[str]] = {}
