@@ -282,3 +282,29 @@ def test_the_html_report_shows_judges_agreement_comparisons_and_cost() -> None:
     compared = anyio.run(page, two_models([True] * 6, [False] * 6), backend="asyncio")
     assert "Counselor models compared" in compared and "larger than the noise" in compared
     assert "Cost per finding" in compared
+
+
+def test_a_reporting_judges_failure_is_counted_apart_and_changes_no_outcome() -> None:
+    from mhsafeeval.export import records_of
+    from mhsafeeval.messages import CallFailed
+
+    events = campaign()
+    first = next(e for e in events if isinstance(e, Verdict))
+    failure = CallFailed(
+        campaign="c",
+        conversation=first.conversation,
+        turn=first.turn,
+        key="rating:z@0",
+        agent="panel",
+        model="scripted/z",
+        error="down",
+    )
+    events.append(failure)
+    m = compute_metrics(events, CELLS)["m"]
+    assert (m.failed_calls, m.panel_failed_calls) == (0, 1)
+    log = CampaignLog.of(events, keep_text=True)
+    [record] = [r for r in records_of(log, "c") if r.conversation == first.conversation][:1]
+    assert (record.outcome, record.failed_calls, record.panel_failed) == ("verdict", 0, 1)
+    assert record.failed_agent is None
+    [report] = report_of(events)
+    assert "1 reporting-judge call(s) failed for good" in render_text(report)

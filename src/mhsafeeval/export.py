@@ -34,6 +34,7 @@ __all__ = [
     "AttemptRecord",
     "Outcome",
     "archive_json",
+    "archive_of",
     "attempt_records",
     "campaign_log",
     "export",
@@ -64,6 +65,8 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
         judge: The judge that gave the verdict (or the unjudged answer).
         failed_agent, failed_error: The first model call of the attempt that finally failed.
         failed_calls: How many of the attempt's model calls finally failed.
+        panel_failed: Reporting judges' calls about this reply that finally failed (they
+            never change the attempt's outcome).
         committed: This attempt became the conversation's turn.
         client_tokens, counselor_tokens, judge_tokens, mutator_tokens, refiner_tokens,
             panel_tokens: Prompt plus completion tokens each role spent on this attempt
@@ -102,6 +105,7 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     failed_agent: str | None = None
     failed_error: str | None = None
     failed_calls: int = 0
+    panel_failed: int = 0
     committed: bool = False
     client_tokens: int = 0
     counselor_tokens: int = 0
@@ -179,6 +183,7 @@ def records_of(log: CampaignLog, campaign: str) -> list[AttemptRecord]:
                 failed_agent=a.failed_agent,
                 failed_error=a.failed_error,
                 failed_calls=a.failed_calls,
+                panel_failed=a.panel_failed,
                 committed=log.committed(a),
                 client_tokens=tokens.get("client", 0),
                 counselor_tokens=tokens.get("counselor", 0),
@@ -233,6 +238,19 @@ async def archive_json(
         for key, elite in latest.items():
             if key not in best or elite.severity >= best[key][1].severity:
                 best[key] = (name, elite)
+    return _archive_data(best)
+
+
+def archive_of(log: CampaignLog, campaign: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """:func:`archive_json` of one campaign, from its log (no other read of the store)."""
+    return _archive_data(
+        {(model, f"{c}/{r}"): (campaign, elite) for (model, (c, r)), elite in log.archive.items()}
+    )
+
+
+def _archive_data(
+    best: dict[tuple[str, str], tuple[str, Elite]],
+) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for (model, cell), (name, elite) in best.items():
         out.setdefault(model, {})[cell] = {"campaign": name, **msgspec.to_builtins(elite)}

@@ -27,8 +27,7 @@ from typing import Any
 import msgspec
 
 from mhsafeeval.costs import role_cost
-from mhsafeeval.export import archive_json, records_of
-from mhsafeeval.messages import CampaignStarted
+from mhsafeeval.export import archive_of, records_of
 from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
 from mhsafeeval.storage import EventStore, ModelMetrics
 
@@ -327,6 +326,14 @@ def _num(value: float | None) -> str:
 
 
 def _judges_table(m: ModelMetrics, threshold: int) -> str:
+    failed = (
+        f"<p>{m.panel_failed_calls} reporting-judge call(s) failed for good: run the same "
+        "command again (or <code>rejudge</code>) to retry them.</p>"
+        if m.panel_failed_calls
+        else ""
+    )
+    if not m.judges:
+        return f"<h3>Judges of {_e(m.model)}</h3>{failed}"
     rows = []
     for j in m.judges:
         kappa = "\u2013" if j.kappa_vs_search is None else f"{j.kappa_vs_search:.2f}"
@@ -355,6 +362,7 @@ def _judges_table(m: ModelMetrics, threshold: int) -> str:
         )
         + "</p>",
         _table(head, rows, "judges"),
+        failed,
     ]
     a = m.agreement
     if a is not None:
@@ -431,7 +439,11 @@ def _section(index: int, report: CampaignReport, config: str, records: list[Any]
             "<h3>Calls and tokens per agent role</h3>",
             _usage_table(models),
             _cost_table(report),
-            *(_judges_table(m, report.threshold) for m in models if m.judges),
+            *(
+                _judges_table(m, report.threshold)
+                for m in models
+                if m.judges or m.panel_failed_calls
+            ),
             _comparison_table(report),
             "<h3>Transcripts</h3>",
             f'<div class="transcripts" data-campaign="{index}"></div>',
@@ -440,14 +452,6 @@ def _section(index: int, report: CampaignReport, config: str, records: list[Any]
             "</section>",
         ]
     )
-
-
-async def _config_text(store: EventStore, campaign: str) -> str:
-    text = ""
-    async for stored in store.events(campaign):
-        if isinstance(stored.message, CampaignStarted) and stored.message.config:
-            text = stored.message.config
-    return text
 
 
 async def build_html(
@@ -465,7 +469,7 @@ async def build_html(
         records = [
             {f: getattr(r, f) for f in _RECORD_FIELDS} for r in records_of(log, report.campaign)
         ]
-        config = await _config_text(store, report.campaign)
+        config = log.config
         sections.append(_section(index, report, config, records))
         data.append(
             {
@@ -477,7 +481,7 @@ async def build_html(
                     name: [msgspec.to_builtins(c) for c in m.cells]
                     for name, m in report.models.items()
                 },
-                "archive": (await archive_json(store, report.campaign, source=source)),
+                "archive": archive_of(log, report.campaign),
                 "attempts": records,
             }
         )

@@ -266,14 +266,22 @@ def _cost_lines(cost: ModelCost | None, m: ModelMetrics) -> list[str]:
 
 
 def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
+    failed = (
+        [
+            f"{'':<2}{m.panel_failed_calls} reporting-judge call(s) failed for good "
+            "(run again to retry)"
+        ]
+        if m.panel_failed_calls
+        else []
+    )
     if not m.judges:
-        return []
+        return ["", *failed] if failed else []
     lines = [
         "",
-        f"{m.model}: the search's judge and the reporting judges, on the replies the search "
-        f"judged (success = severity >= {threshold})",
-        f"{'rater':<34}{'rated':>7}{'unjdg':>7}{'ASR':>8}  {'95% CI':<11}{'per rep':>8}"
-        f"{'mean':>6}  kappa vs search",
+        f"{m.model}: its judges, on the replies the search judged",
+        f"{'':<2}(success = severity >= {threshold}; ASR over turns, then over replies)",
+        f"{'rater':<24}{'rated':>6}{'unjdg':>6}{'ASR':>7} {'95% CI':<10}{'replies':>8}"
+        "  kappa vs search",
     ]
     for j in m.judges:
         kappa = (
@@ -281,15 +289,16 @@ def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
             if j.kappa_vs_search is None
             else f"{j.kappa_vs_search:.2f} ({_ci(j.kappa_vs_search_ci)})"
         )
+        rater = j.rater if len(j.rater) <= 23 else j.rater[:22] + "~"
         lines.append(
-            f"{j.rater[:33]:<34}{j.rated:>7}{j.unjudged:>7}{_pct(j.overall_asr):>8}  "
-            f"{_ci(j.overall_asr_ci):<11}{_pct(j.verdict_asr):>8}"
-            f"{_num(j.mean_severity, '.2f'):>6}  {kappa}"
+            f"{rater:<24}{j.rated:>6}{j.unjudged:>6}{_pct(j.overall_asr):>7} "
+            f"{_ci(j.overall_asr_ci):<10}{_pct(j.verdict_asr):>8}  {kappa}"
         )
+    lines += failed
     if any(j.rater == "panel" for j in m.judges):
         lines.append(
-            f"{'':<2}panel = lower median of the panel's severities (a strict majority must "
-            "rate a level for the reply to reach it); refused/understood by strict majority"
+            f"{'':<2}panel = the lower median of the panel's severities (a strict majority must"
+            " rate a level);\n  refused and understood by strict majority"
         )
     a = m.agreement
     if a is not None:

@@ -20,6 +20,8 @@ budget all read a :class:`CampaignLog`, so they cannot disagree. What it decides
   (``usage.calls``), plus one for each failed call that got no answer at all (a call made and
   lost still counts: budgets count it before it starts).
 * **Ratings** (:class:`~mhsafeeval.messages.Rating`): per attempt and rater, the first stored.
+  A reporting judge's failed call (agent ``panel``) never changes the attempt's outcome and is
+  counted apart from the search's failed calls (``panel_failed``).
 
 The log keeps compact numbers per attempt; with ``keep_text`` it also keeps the texts the
 flat export shows. With ``retain=False`` (the live progress display) a conversation's
@@ -72,6 +74,8 @@ Outcome = Literal["verdict", "unjudged", "failed", "incomplete"]
 these yet (an interrupted campaign)."""
 
 AttemptKey = tuple[str, int, int, str]
+PANEL_AGENT = ANSWERED_BY[Rating]
+"""The agent role of reporting judges (their failures are counted apart)."""
 TurnKey = tuple[str, int]
 
 
@@ -137,6 +141,9 @@ class AttemptFacts(msgspec.Struct, kw_only=True):
     unjudged_reason: str | None = None
     unjudged_judge: str = ""
     failed_calls: int = 0
+    """Model calls of the attempt that failed for good (a reporting judge's excepted)."""
+    panel_failed: int = 0
+    """Reporting judges' calls about this reply that failed for good."""
     failed_agent: str | None = None
     failed_error: str | None = None
     lookahead: tuple[Exchange, ...] = ()
@@ -229,6 +236,8 @@ class CampaignLog:
         self.keep_text = keep_text
         self.retain = retain
         self.start: CampaignStarted | None = None
+        self.config = ""
+        """The config text of the latest run that stored one."""
         self.events = 0
         self.conversations: dict[str, ConversationFacts] = {}
         self.attempts: dict[AttemptKey, AttemptFacts] = {}
@@ -238,6 +247,8 @@ class CampaignLog:
         # running totals, per counselor model (kept when conversations are forgotten)
         self.usage: dict[str, dict[str, RoleUsage]] = defaultdict(lambda: defaultdict(RoleUsage))
         self.failed: dict[str, int] = defaultdict(int)
+        self.panel_failed: dict[str, int] = defaultdict(int)
+        """Reporting judges' calls that failed for good (retried by the next run)."""
         self.client_rejected: dict[str, int] = defaultdict(int)
         self.client_dropped: dict[str, int] = defaultdict(int)
         self.finished = 0
@@ -383,6 +394,8 @@ class CampaignLog:
             if self.start is None:
                 self.start = event
                 self._max_turns = event.max_turns
+            if event.config:
+                self.config = event.config
             return
         if isinstance(event, ConversationStarted):
             self.conversations.setdefault(
@@ -488,16 +501,19 @@ class CampaignLog:
                     self._unjudged[model] += 1
         elif isinstance(event, Rating):
             if event.rater not in a.ratings:
-                a.ratings = {
-                    **a.ratings,
-                    event.rater: RaterFacts(
-                        severity=event.severity,
-                        refused=event.refused,
-                        understood=event.understood,
-                        judge=event.judge,
-                        source=event.source,
-                    ),
-                }
+                a.ratings[event.rater] = RaterFacts(
+                    severity=event.severity,
+                    refused=event.refused,
+                    understood=event.understood,
+                    judge=event.judge,
+                    source=event.source,
+                )
+            return
+        elif isinstance(event, CallFailed) and event.agent == PANEL_AGENT:
+            # A reporting judge's failure: not the attempt's (its outcome stands), counted apart.
+            a.panel_failed += 1
+            if model is not None:
+                self.panel_failed[model] += 1
             return
         elif isinstance(event, CallFailed):
             a.failed_calls += 1

@@ -210,6 +210,9 @@ class ModelMetrics(msgspec.Struct, kw_only=True):
     success_by_attempt_ci: dict[int, Interval | None] = {}
     unjudged: int = 0
     failed_calls: int = 0
+    panel_failed_calls: int = 0
+    """Reporting judges' calls that failed for good (never the search's; the next run or
+    ``rejudge`` asks again)."""
     extra_verdicts: int = 0
     """Verdicts stored for a reply that already had one (never counted; see CampaignLog)."""
     lookahead_calls: int = 0
@@ -410,6 +413,7 @@ def _model_metrics(
         success_by_attempt_ci={k: v[1] for k, v in refine.items()},
         unjudged=sum(a.outcome == "unjudged" for a in mine),
         failed_calls=log.failed.get(model, 0),
+        panel_failed_calls=log.panel_failed.get(model, 0),
         extra_verdicts=sum(a.extra_verdicts for a in mine),
         lookahead_calls=sum(
             r.attempt.replied and r.own and not r.counts for _, t in turns for r in t
