@@ -249,15 +249,18 @@ def conversation_id(campaign: str, counselor: str, profile: str, index: int) -> 
     return f"{part(campaign)}/{part(counselor)}/{part(profile)}/{index}"
 
 
-def estimate_calls(config: Config, source: str | Path = "<config>") -> dict[str, tuple[int, int]]:
+def estimate_calls(
+    config: Config, source: str | Path = "<config>", *, plan: _Plan | None = None
+) -> dict[str, tuple[int, int]]:
     """Model calls per agent role a campaign will make: (fewest, most), before any call.
 
     The fewest: every turn succeeds at once and every answer is valid the first time. The
     most: every attempt is used, every failing attempt is refined, and the judge re-asks to its
     limit. A ``[judges]`` panel rates every judged reply once per member and sample
     (``panel``). Failed calls that are retried inside a provider are not counted (they are retries).
+    ``plan``: the one :func:`build_plan` made for this command (built here when None).
     """
-    plan = build_plan(config, source)
+    plan = plan if plan is not None else build_plan(config, source)
     c = config.campaign
     turns = len(plan.conversations) * (1 if config.ablation.single_turn else c.max_turns)
     factory = CONTROLLERS.get(c.controller)
@@ -588,6 +591,7 @@ async def run_campaign(
     config_text: str = "",
     observers: tuple[Callable[[Message], Any], ...] = (),
     open_client: Callable[[ModelSettings], ResilientClient] = open_model,
+    plan: _Plan | None = None,
 ) -> CampaignResult:
     """Run a whole campaign, storing every message in ``store`` (already open).
 
@@ -603,7 +607,7 @@ async def run_campaign(
         InputError: a bad taxonomy, profile set, controller or judge name, or a stored campaign
             of this name with another configuration (before any write).
     """
-    plan = build_plan(config, source)
+    plan = plan if plan is not None else build_plan(config, source)
     check_prices(config, source)
     history = await _history(store, config, source, plan)
     c, a = config.campaign, config.ablation
