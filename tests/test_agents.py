@@ -447,13 +447,13 @@ async def test_refiner_acts_below_threshold_when_attempts_remain(
 
 async def test_the_refiner_and_the_controller_share_one_refinement_rule() -> None:
     """The controller waits for notes after exactly the verdicts the refiner writes them for:
-    both read the Refinement of one LoopSettings, whatever the refiner's own defaults say."""
-    from mhsafeeval.search import LoopSettings
+    both read the Refinement of one SearchRun, whatever the refiner's own defaults say."""
+    from mhsafeeval.search import SearchRun
 
-    settings = LoopSettings(threshold=3, max_attempts=3)
+    settings = SearchRun(threshold=3, max_attempts=3)
     rule = settings.refinement
     assert (rule.threshold, rule.max_attempts, rule.enabled) == (3, 3, True)
-    assert not LoopSettings(use_refiner=False).refinement.wants_notes(verdict(1, 0))
+    assert not msgspec.structs.replace(rule, enabled=False).wants_notes(verdict(1, 0))
     for severity, attempt in itertools.product(range(1, 6), range(4)):
         model = ScriptedModel("refiner", [notes_json("a", "b", "c")])
         # max_attempts/threshold left at their defaults (5, 2): the shared rule wins.

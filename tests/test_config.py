@@ -5,11 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mhsafeeval.cli import main
-from mhsafeeval.config import canonical_config, config_differences, load_config, parse_config
+from mhsafeeval.config import (
+    Config,
+    canonical_config,
+    config_differences,
+    load_config,
+    parse_config,
+)
 from mhsafeeval.errors import InputError
+from mhsafeeval.search import NoOptions, UCTOptions, controller_options
 
 GOOD = """
 [campaign]
@@ -72,8 +80,7 @@ def test_good_config_decodes(tmp_path: Path) -> None:
         ('[logging]\nlevel = "loud"', "logging.level", "must be one of"),
         ("models = 3", "models", "expected object"),
         ("[search]\ndepth = 2", "search.depth", "lookahead (depth > 1) was removed"),
-        ("[search]\nempty_bonus = 2.0", "search.empty_bonus", "must be <= 1"),
-        ("[search]\nempty_bonus = -0.5", "search.empty_bonus", "must be >= 0"),
+        ("search = 3", "search", "expected object"),
         ("[campaign]\nthreshold = 6", "campaign.threshold", "must be <= 5"),
         ("[campaign]\nthreshold = 0", "campaign.threshold", "must be >= 1"),
     ],
@@ -86,6 +93,80 @@ def test_errors_name_file_key_and_reason(text: str, field: str, reason: str) -> 
     assert err.field == field
     assert reason in err.reason
     assert str(err).startswith(f"bad.toml: {field}: ")
+
+
+@pytest.mark.parametrize("controller", ["map-elites", "uct", "random", "single-turn"])
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        ("[search]\nempty_bonus = 2.0", "search.empty_bonus", "must be <= 1"),
+        ("[search]\nempty_bonus = -0.5", "search.empty_bonus", "must be >= 0"),
+        ("[search]\nsimulations = 0", "search.simulations", "must be >= 1"),
+        ("[search]\nsimulatons = 8", "search.simulatons", "unknown field"),
+    ],
+)
+def test_search_errors_name_file_key_and_reason(
+    controller: str, text: str, field: str, reason: str
+) -> None:
+    """``[search]`` is the selected controller's options, checked once it is known; a
+    controller without options of its own still checks the tree search's keys, which any
+    config could set before options were per controller."""
+    config = parse_config(f'[campaign]\ncontroller = "{controller}"\n{text}', "bad.toml")
+    with pytest.raises(InputError) as info:
+        controller_options(config.campaign.controller, config.search, "bad.toml")
+    err = info.value
+    assert (err.source, err.field) == ("bad.toml", field)
+    assert reason in err.reason
+    assert str(err).startswith(f"bad.toml: {field}: ")
+
+
+def test_search_is_the_selected_controllers_options() -> None:
+    table = {"simulations": 7, "early_stop": True}
+    uct = controller_options("uct", table)
+    assert uct == UCTOptions(simulations=7, early_stop=True)
+    assert msgspec.to_builtins(uct) == {
+        "simulations": 7,
+        "in_flight": 4,
+        "samples_per_action": 2,
+        "exploration": 1.0,
+        "empty_bonus": 0.2,
+        "early_stop": True,
+    }
+    # The MAP-Elites family reads none of them: accepted (checked above), ignored.
+    assert controller_options("map-elites", table) == NoOptions()
+    assert controller_options("map-elites", {}) == NoOptions()
+
+
+def effective(config: Config) -> Config:
+    """``config`` as a campaign stores it: ``[search]`` decoded by its controller."""
+    options = controller_options(config.campaign.controller, config.search)
+    return msgspec.structs.replace(config, search=msgspec.to_builtins(options))
+
+
+def test_campaigns_stored_with_the_tree_search_keys_resume() -> None:
+    """Before ``[search]`` was the controller's options every campaign stored the tree
+    search's six keys: for a controller that does not read them they differ in nothing; for
+    uct they are compared as before."""
+    for controller in ("map-elites", "uct"):
+        base = f'[campaign]\nname = "old"\ncontroller = "{controller}"\n'
+        now = effective(parse_config(base + "[search]\nsimulations = 7\n", "c.toml"))
+        stored = json.loads(canonical_config(now))
+        stored["search"] = {
+            "simulations": 7,
+            "in_flight": 4,
+            "samples_per_action": 2,
+            "exploration": 1.0,
+            "empty_bonus": 0.2,
+            "early_stop": False,
+            "depth": 1,
+        }
+        assert config_differences(json.dumps(stored), now) == []
+        stored["search"]["simulations"] = 9
+        lines = config_differences(json.dumps(stored), now)
+        if controller == "uct":
+            assert lines == ["search.simulations: stored 9, now 7"]
+        else:
+            assert lines == []  # map-elites never read it
 
 
 def test_cli_refuses_the_removed_search_depth(
@@ -107,8 +188,8 @@ def test_cli_refuses_the_removed_search_depth(
 def test_a_config_written_for_depth_1_still_parses() -> None:
     """``depth = 1`` (the old default) means how uct runs now: accepted and ignored."""
     cfg = parse_config(GOOD + "\n[search]\nsimulations = 7\ndepth = 1\n", "old.toml")
-    assert cfg.search.simulations == 7
-    assert not hasattr(cfg.search, "depth")
+    assert cfg.search == {"simulations": 7}
+    assert controller_options("uct", cfg.search) == UCTOptions(simulations=7)
 
 
 def test_a_stored_search_depth_differs_only_when_it_looked_ahead() -> None:

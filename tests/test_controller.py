@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import pytest
@@ -23,6 +23,7 @@ from mhsafeeval.messages import (
     ConversationStarted,
     CounselorReply,
     Directive,
+    Elite,
     HandlerFailed,
     Instruction,
     Message,
@@ -32,8 +33,19 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, Runtime, on
-from mhsafeeval.search import CellId, Elite, HarmArchive, LoopSettings, MapElitesController
+from mhsafeeval.runtime import Agent, PluginNotFound, Runtime, on
+from mhsafeeval.search import (
+    CONTROLLERS,
+    CellId,
+    HarmArchive,
+    MapElitesController,
+    NoOptions,
+    SearchRun,
+    UCTController,
+    UCTOptions,
+    controller,
+    controller_options,
+)
 from mhsafeeval.testing import Recorder
 
 pytestmark = pytest.mark.anyio
@@ -187,9 +199,10 @@ def started(conversation: str = "conv-a", model: str = "model-a", max_turns: int
 
 
 async def run_loop(
-    settings: LoopSettings,
+    settings: SearchRun,
     decide: Decide,
     *waves: Conversations,
+    controller: type[MapElitesController] = MapElitesController,
     max_turns: int = 1,
     refiner: bool = True,
     refiner_fails: Collection[tuple[int, int]] = (),
@@ -198,7 +211,7 @@ async def run_loop(
 ) -> tuple[Recorder, MapElitesController]:
     """Run conversations to the end; each wave starts once the previous one is idle."""
     rec = Recorder()
-    ctl = MapElitesController(CELLS, settings)
+    ctl = controller(CELLS, settings)
     async with Runtime() as rt:
         rt.subscribe(rec, name="recorder")
         rt.add(ctl, name="controller")
@@ -244,7 +257,7 @@ def coordinates(messages: Iterable[Message]) -> list[tuple[int, int]]:
 
 
 async def test_a_turn_ends_at_the_first_success() -> None:
-    rec, ctl = await run_loop(LoopSettings(seed=1, max_attempts=5), table([1, 1, 3]))
+    rec, ctl = await run_loop(SearchRun(seed=1, max_attempts=5), table([1, 1, 3]))
 
     directives = rec.of(Directive)
     assert coordinates(directives) == [(0, 0), (0, 1), (0, 2)]
@@ -288,7 +301,7 @@ async def test_a_turn_ends_at_the_first_success() -> None:
 async def test_a_turn_without_success_commits_its_most_severe_attempt(
     severities: list[int], threshold: int, committed: int, best: int
 ) -> None:
-    settings = LoopSettings(seed=2, max_attempts=3, threshold=threshold)
+    settings = SearchRun(seed=2, max_attempts=3, threshold=threshold)
     # The refiner, like the real one, says nothing after the last attempt: waiting would hang.
     rec, _ = await run_loop(settings, table(severities))
 
@@ -305,7 +318,7 @@ async def test_a_turn_without_success_commits_its_most_severe_attempt(
 
 
 async def test_single_attempt_commits_without_refinement() -> None:
-    rec, _ = await run_loop(LoopSettings(max_attempts=1), table([1]))
+    rec, _ = await run_loop(SearchRun(max_attempts=1), table([1]))
     assert len(rec.of(Directive)) == 1
     assert not rec.of(RefinerNotes)
     (commit,) = rec.of(TurnCommitted)
@@ -323,14 +336,19 @@ def check_notes(messages: Sequence[Message], models: dict[str, str], kept: int) 
             assert msg.notes == expected, msg
 
 
+class KeepingThreeNotes(MapElitesController):
+    notes_kept = 3
+
+
 async def test_notes_are_kept_per_model_and_cell_and_reach_the_next_directive() -> None:
-    settings = LoopSettings(seed=3, max_attempts=2, notes_kept=3)
+    settings = SearchRun(seed=3, max_attempts=2)
     models = {"conv-a": "model-a", "conv-b": "model-b", "conv-c": "model-a"}
     rec, ctl = await run_loop(
         settings,
         lambda d: 1,  # never a success: every cell stays empty, every turn gets notes
         [("conv-a", "model-a"), ("conv-b", "model-b")],
         [("conv-c", "model-a")],  # a later conversation with the same counselor model
+        controller=KeepingThreeNotes,
         max_turns=8,
     )
     check_notes(rec.messages, models, kept=3)
@@ -356,7 +374,7 @@ async def test_notes_are_kept_per_model_and_cell_and_reach_the_next_directive() 
 
 
 async def test_unjudged_uses_the_attempt_without_refinement() -> None:
-    rec, _ = await run_loop(LoopSettings(seed=4, max_attempts=5), table(["unjudged", 1, 3]))
+    rec, _ = await run_loop(SearchRun(seed=4, max_attempts=5), table(["unjudged", 1, 3]))
 
     d0, d1, d2 = rec.of(Directive)
     (unjudged,) = rec.of(Unjudged)
@@ -370,7 +388,7 @@ async def test_unjudged_uses_the_attempt_without_refinement() -> None:
 
 
 async def test_a_turn_of_only_unjudged_replies_is_never_safe() -> None:
-    settings = LoopSettings(seed=4, max_attempts=3)
+    settings = SearchRun(seed=4, max_attempts=3)
     rec, ctl = await run_loop(settings, table(["unjudged"] * 3))
 
     assert len(rec.of(Directive)) == 3
@@ -384,7 +402,7 @@ async def test_a_turn_of_only_unjudged_replies_is_never_safe() -> None:
 
 
 async def test_a_judged_attempt_wins_over_later_unjudged_ones() -> None:
-    rec, _ = await run_loop(LoopSettings(max_attempts=3), table([1, "unjudged", "unjudged"]))
+    rec, _ = await run_loop(SearchRun(max_attempts=3), table([1, "unjudged", "unjudged"]))
     (commit,) = rec.of(TurnCommitted)
     assert (commit.committed_attempt, commit.success, commit.best_severity) == (0, False, 1)
     assert commit.counselor_calls == 3
@@ -392,7 +410,7 @@ async def test_a_judged_attempt_wins_over_later_unjudged_ones() -> None:
 
 @pytest.mark.parametrize(("agent", "calls"), [("mutator", 1), ("client", 1), ("counselor", 1)])
 async def test_a_failed_call_voids_the_attempt_and_moves_on(agent: Failing, calls: int) -> None:
-    rec, _ = await run_loop(LoopSettings(seed=5, max_attempts=5), table([agent, 2]))
+    rec, _ = await run_loop(SearchRun(seed=5, max_attempts=5), table([agent, 2]))
 
     d0, d1 = rec.of(Directive)
     (failed,) = rec.of(CallFailed)
@@ -413,7 +431,7 @@ async def test_a_role_that_never_answered_leaves_its_turn_open(down: Down | str)
     failed at that turn, naming the role's model, and nothing is directed after it."""
     turns: list[list[Outcome]] = [[2], [1, 2]] if down == "refiner" else [[2], [1, down]]  # type: ignore[list-item]
     rec, _ = await run_loop(
-        LoopSettings(seed=8, max_attempts=3),
+        SearchRun(seed=8, max_attempts=3),
         table(*turns),
         max_turns=3,
         refiner_fails={(1, 0)} if down == "refiner" else (),
@@ -432,7 +450,7 @@ async def test_a_role_that_never_answered_leaves_its_turn_open(down: Down | str)
 
 
 async def test_failed_calls_leave_the_judged_attempt_committed() -> None:
-    rec, _ = await run_loop(LoopSettings(max_attempts=3), table(["client", 1, "counselor"]))
+    rec, _ = await run_loop(SearchRun(max_attempts=3), table(["client", 1, "counselor"]))
     d0, d1, _ = rec.of(Directive)
     assert d1.seeds == (seed_of(d0, 0, answered=False),)  # the client never spoke
     (commit,) = rec.of(TurnCommitted)
@@ -441,7 +459,7 @@ async def test_failed_calls_leave_the_judged_attempt_committed() -> None:
 
 
 async def test_a_failed_refiner_moves_on_without_notes() -> None:
-    settings = LoopSettings(seed=6, max_attempts=5)
+    settings = SearchRun(seed=6, max_attempts=5)
     rec, ctl = await run_loop(settings, table([1, 1, 2]), refiner_fails={(0, 0)})
 
     d0, d1, d2 = rec.of(Directive)
@@ -466,7 +484,7 @@ async def test_a_failed_refiner_moves_on_without_notes() -> None:
 async def test_a_turn_without_any_reply_fails_the_conversation(
     turns: list[list[Outcome]], committed: int
 ) -> None:
-    rec, _ = await run_loop(LoopSettings(seed=7, max_attempts=3), table(*turns), max_turns=3)
+    rec, _ = await run_loop(SearchRun(seed=7, max_attempts=3), table(*turns), max_turns=3)
 
     assert len(rec.of(TurnCommitted)) == committed
     assert coordinates(rec.of(Directive))[-3:] == [(committed, a) for a in range(3)]
@@ -480,7 +498,7 @@ async def test_a_turn_without_any_reply_fails_the_conversation(
 
 
 async def test_max_turns_bounds_the_conversation() -> None:
-    rec, _ = await run_loop(LoopSettings(seed=8), table([2], [1, 3], [1, 1, 1, 1, 1]), max_turns=3)
+    rec, _ = await run_loop(SearchRun(seed=8), table([2], [1, 3], [1, 1, 1, 1, 1]), max_turns=3)
 
     commits = rec.of(TurnCommitted)
     assert [(c.turn, c.committed_attempt, c.success) for c in commits] == [
@@ -500,7 +518,7 @@ async def test_max_turns_bounds_the_conversation() -> None:
 
 
 async def test_single_turn_stops_after_one_turn() -> None:
-    settings = LoopSettings(seed=8, single_turn=True)
+    settings = SearchRun(seed=8, single_turn=True)
     rec, _ = await run_loop(settings, table([1, 2], [2], [2]), max_turns=3)
 
     assert {d.turn for d in rec.of(Directive)} == {0}
@@ -530,7 +548,7 @@ def elite_of(u: ArchiveUpdated) -> Elite:
 
 async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() -> None:
     models = {"conv-a": "model-a", "conv-b": "model-b"}
-    settings = LoopSettings(seed=9, max_attempts=3)
+    settings = SearchRun(seed=9, max_attempts=3)
     rec, ctl = await run_loop(settings, severity_world(models), list(models.items()), max_turns=10)
 
     assert set(ctl.archives) == {"model-a", "model-b"}
@@ -554,7 +572,9 @@ async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() ->
             cell: best.get(cell) for cell in CELLS
         }
         # the update carries the whole elite: the archive is the fold of the updates
-        assert HarmArchive.replay(CELLS, map(elite_of, mine)).snapshot() == archive.snapshot()
+        assert HarmArchive.replay(CELLS, map(elite_of, mine)).elites(filled_only=False) == (
+            archive.elites(filled_only=False)
+        )
         for u in mine:
             v = next(v for v in verdicts if v.id == u.verdict_id)
             d = directive_at[(v.conversation, v.turn, v.attempt)]
@@ -591,7 +611,7 @@ async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() ->
 
 
 async def directives_by_conversation(
-    settings: LoopSettings, models: dict[str, str], max_turns: int = 8
+    settings: SearchRun, models: dict[str, str], max_turns: int = 8
 ) -> dict[str, list[Message]]:
     rec, _ = await run_loop(
         settings, severity_world(models), list(models.items()), max_turns=max_turns
@@ -601,9 +621,9 @@ async def directives_by_conversation(
 
 async def test_same_seed_and_world_give_the_same_directives() -> None:
     models = {"conv-a": "model-a", "conv-b": "model-b"}
-    first = await directives_by_conversation(LoopSettings(seed=11, max_attempts=3), models)
-    again = await directives_by_conversation(LoopSettings(seed=11, max_attempts=3), models)
-    other = await directives_by_conversation(LoopSettings(seed=12, max_attempts=3), models)
+    first = await directives_by_conversation(SearchRun(seed=11, max_attempts=3), models)
+    again = await directives_by_conversation(SearchRun(seed=11, max_attempts=3), models)
+    other = await directives_by_conversation(SearchRun(seed=12, max_attempts=3), models)
 
     assert first == again
     assert all(len(ds) >= 8 for ds in first.values())
@@ -613,7 +633,7 @@ async def test_same_seed_and_world_give_the_same_directives() -> None:
 @pytest.mark.parametrize("role_conditioning", [True, False])
 async def test_role_conditioning_ablation(role_conditioning: bool) -> None:
     models = {"conv-a": "model-a"}
-    settings = LoopSettings(seed=13, role_conditioning=role_conditioning)
+    settings = SearchRun(seed=13, role_conditioning=role_conditioning)
     rec, _ = await run_loop(settings, severity_world(models), max_turns=5)
     directives = rec.of(Directive)
     assert len(directives) > 5
@@ -625,7 +645,7 @@ async def test_qd_search_ablation(qd_search: bool) -> None:
     def decide(d: Directive) -> Outcome:
         return 1 if d.turn % 2 and d.attempt == 0 else 3  # odd turns need a second attempt
 
-    settings = LoopSettings(seed=14, qd_search=qd_search)
+    settings = SearchRun(seed=14, qd_search=qd_search)
     rec, _ = await run_loop(settings, decide, max_turns=8)
 
     firsts = [d for d in rec.of(Directive) if d.attempt == 0]
@@ -639,37 +659,12 @@ async def test_qd_search_ablation(qd_search: bool) -> None:
         assert all(d.operator == "fresh" and d.seeds == () for d in firsts)
 
 
-async def test_without_refiner_no_notes_are_awaited() -> None:
-    settings = LoopSettings(seed=15, max_attempts=5, use_refiner=False)
-    rec, _ = await run_loop(settings, table([1, 1, 2]), refiner=False)
-
-    directives = rec.of(Directive)
-    verdicts = rec.of(Verdict)
-    assert coordinates(directives) == [(0, 0), (0, 1), (0, 2)]
-    for d, v in zip(directives[1:], verdicts[:2], strict=True):
-        assert (d.causation, d.notes) == (v.id, ())
-    (commit,) = rec.of(TurnCommitted)
-    assert (commit.committed_attempt, commit.success, commit.counselor_calls) == (2, True, 3)
-
-
-async def test_without_refiner_a_running_refiner_is_not_awaited() -> None:
-    settings = LoopSettings(seed=15, max_attempts=5, use_refiner=False)
-    rec, _ = await run_loop(settings, table([1, 1, 2]))
-
-    directives = rec.of(Directive)
-    verdicts = rec.of(Verdict)
-    assert coordinates(directives) == [(0, 0), (0, 1), (0, 2)]
-    assert [d.causation for d in directives[1:]] == [v.id for v in verdicts[:2]]
-    (commit,) = rec.of(TurnCommitted)
-    assert (commit.committed_attempt, commit.success) == (2, True)
-
-
 # --- stale events ------------------------------------------------------------------------------
 
 
 async def test_stale_events_are_ignored() -> None:
     rec = Recorder()
-    ctl = MapElitesController(CELLS, LoopSettings(seed=16, max_attempts=5))
+    ctl = MapElitesController(CELLS, SearchRun(seed=16, max_attempts=5))
     async with Runtime() as rt:
         rt.subscribe(rec, name="recorder")
         rt.add(ctl, name="controller")
@@ -775,7 +770,7 @@ async def test_stale_events_are_ignored() -> None:
 
 async def test_two_judges_improving_one_attempt_give_distinct_archive_updates() -> None:
     rec = Recorder()
-    ctl = MapElitesController(CELLS, LoopSettings(seed=17))
+    ctl = MapElitesController(CELLS, SearchRun(seed=17))
     async with Runtime() as rt:
         rt.subscribe(rec, name="recorder")
         rt.add(ctl, name="controller")
@@ -793,6 +788,78 @@ async def test_two_judges_improving_one_attempt_give_distinct_archive_updates() 
     assert [(u.verdict_id, u.severity) for u in updates] == [(first.id, 1), (second.id, 4)]
     assert len({u.id for u in updates}) == 2  # a store keyed by id keeps both
     archive = ctl.archive("model-a")
-    assert HarmArchive.replay(CELLS, map(elite_of, updates)).snapshot() == archive.snapshot()
+    assert HarmArchive.replay(CELLS, map(elite_of, updates)).elites(filled_only=False) == (
+        archive.elites(filled_only=False)
+    )
     (commit,) = rec.of(TurnCommitted)
     assert (commit.committed_attempt, commit.success, commit.best_severity) == (0, True, 4)
+
+
+# --- declarations --------------------------------------------------------------------------------
+
+
+def test_controllers_are_declared_with_their_options_and_needs() -> None:
+    """What the campaign needs to know of a controller is its declaration, not its attributes."""
+    run = SearchRun(max_attempts=4)
+    uct = CONTROLLERS.get("uct")
+    assert (uct.factory, uct.options, uct.uses_refiner) == (UCTController, UCTOptions, False)
+    assert uct.turn_attempts(UCTOptions(simulations=9), run) == (9, 9)
+    for name in ("map-elites", "random", "single-turn"):
+        spec = CONTROLLERS.get(name)
+        assert (spec.options, spec.uses_refiner) == (NoOptions, True)
+        assert spec.turn_attempts(NoOptions(), run) == (1, 4)
+    assert "Monte Carlo" in CONTROLLERS.available()["uct"]  # described by its docstring
+    built = uct(CELLS, SearchRun(seed=3), controller_options("uct", {"in_flight": 2}))
+    assert isinstance(built, UCTController)
+    assert (built.run.seed, built.options.in_flight) == (3, 2)
+
+
+class _EntryPoint:
+    def __init__(self, load: Callable[[], object]) -> None:
+        self.load = load
+
+
+def test_a_controller_found_through_its_entry_point_is_its_declaration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry point names the factory; importing it declares it (its ``@controller``)."""
+
+    class Plain(MapElitesController):
+        """A plugin that forgot its declaration."""
+
+    def load_declared() -> object:  # what importing the plugin's module does
+        class Declared(MapElitesController):
+            """A plugin controller with no refiner."""
+
+        return controller("ep-declared-test", uses_refiner=False)(Declared)
+
+    found: dict[str, Callable[[], object]] = {
+        "ep-declared-test": load_declared,
+        "ep-plain-test": lambda: Plain,
+    }
+
+    def entry_points(*, group: str, name: str | None = None) -> list[_EntryPoint]:
+        assert group == "mhsafeeval.controllers"
+        return [_EntryPoint(found[name])] if name in found else []
+
+    monkeypatch.setattr("mhsafeeval.runtime._plugins.entry_points", entry_points)
+    spec = CONTROLLERS.get("ep-declared-test")
+    assert spec.uses_refiner is False
+    assert CONTROLLERS.get("ep-declared-test") is spec
+    with pytest.raises(PluginNotFound, match="is not declared: register it with @controller"):
+        CONTROLLERS.get("ep-plain-test")
+
+
+def test_declaring_a_controller_checks_its_options() -> None:
+    class Twice(MapElitesController):
+        """Declared twice, the same way: one declaration."""
+
+    controller("twice-test")(Twice)
+    first = CONTROLLERS.get("twice-test")
+    controller("twice-test")(Twice)
+    assert CONTROLLERS.get("twice-test") is first
+    with pytest.raises(ValueError, match="already registered"):
+        controller("twice-test", uses_refiner=False)(Twice)
+    options: Any = dict  # not a msgspec Struct
+    with pytest.raises(TypeError, match="msgspec Struct"):
+        controller("bad-options-test", options=options)(Twice)

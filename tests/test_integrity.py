@@ -35,7 +35,7 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.runtime import Agent, on
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
-from mhsafeeval.search import CONTROLLERS
+from mhsafeeval.search import controller
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from mhsafeeval.testing import register_script, scripted_models
 from mhsafeeval.testing._demo import (
@@ -215,13 +215,11 @@ def silent_judge(model: object, taxonomy: object, **options: object) -> SilentJu
     return SilentJudge()
 
 
-@CONTROLLERS.register("idle-test", replace=True)
+@controller("idle-test", uses_refiner=False, replace=True)
 class IdleController(Agent):
     """A controller plugin that never directs anything."""
 
-    uses_refiner = False
-
-    def __init__(self, cells: object, settings: object) -> None:
+    def __init__(self, cells: object, run: object, options: object) -> None:
         super().__init__()
 
     @on(ConversationFinished)

@@ -37,6 +37,8 @@ def test_import_does_not_pull_heavy_dependencies() -> None:
         "mhsafeeval.storage",
         "mhsafeeval.stats",
         "mhsafeeval.judges",
+        "mhsafeeval.engine",
+        "mhsafeeval.search",
     ],
 )
 def test_all_lists_exactly_the_public_names(module: str) -> None:
@@ -72,6 +74,8 @@ LAYERS = {
     "search": {"search", "messages", "taxonomy", "runtime", "errors", "config"},
     "storage": {"storage", "messages", "taxonomy", "runtime", "errors", "config", "stats"},
     "testing": {"testing", "runtime", "messages", "errors", "config"},
+    # Runs any graph: knows the bus, the lifecycle messages and the store, no agent or search.
+    "engine": {"engine", "messages", "runtime", "errors", "storage"},
 }
 VENDOR_FREE = {"messages", "search", "judges"}
 
@@ -109,3 +113,38 @@ def test_layers_import_only_downwards() -> None:
             if layer in VENDOR_FREE and parts[0] in HEAVY:
                 problems.append(f"{path.relative_to(SRC)} imports vendor SDK {name}")
     assert problems == []
+
+
+# The top level is what the three uses need (README "Architecture"): graphs, providers and
+# controllers as plugins, the engine, the store, the fakes. Everything else is in subpackages.
+TOP_LEVEL = {
+    "graphs": ["Agent", "AgentId", "HandlerFailed", "Message", "Runtime", "on"],
+    "engine": ["Graph", "Node", "RunResult", "run_graph"],
+    "providers": [
+        "CallParams",
+        "ChatMessage",
+        "Completion",
+        "ModelCallError",
+        "ModelClient",
+        "ModelSettings",
+        "open_model",
+        "provider",
+    ],
+    "controllers": ["SearchController", "controller"],
+    "store": ["EventStore", "MemoryEventStore", "SqliteEventStore"],
+    "fakes": ["ScriptedModel", "register_script"],
+    "errors": ["InputError", "MhSafeEvalError"],
+}
+
+
+def test_the_top_level_exports_exactly_the_three_uses_each_documented_with_an_example() -> None:
+    import mhsafeeval
+
+    wanted = sorted([*(n for names in TOP_LEVEL.values() for n in names), "__version__"])
+    assert sorted(mhsafeeval.__all__) == wanted
+    undocumented = [
+        name
+        for name in wanted
+        if name != "__version__" and ">>>" not in (getattr(mhsafeeval, name).__doc__ or "")
+    ]
+    assert undocumented == []

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import cli, stored
 from mhsafeeval.campaign import run_campaign
+from mhsafeeval.cli import main
 from mhsafeeval.config import Config, config_differences, parse_config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import (
@@ -33,7 +34,7 @@ from mhsafeeval.runtime.providers import (
     ModelSettings,
     PermanentProviderError,
 )
-from mhsafeeval.search import CONTROLLERS, LoopSettings
+from mhsafeeval.search import CONTROLLERS, SearchRun, controller_options
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import register_script, scripted_models
@@ -217,18 +218,22 @@ def test_a_panel_is_a_resumable_change_and_other_changes_are_not() -> None:
     assert config_differences(stored_text, changed) == ["campaign.seed: stored 5, now 6"]
 
 
-def test_check_lists_the_panel_and_refuses_a_bad_one(tmp_path: Path) -> None:
+def test_check_lists_the_panel_and_refuses_a_bad_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In this process: `check` refuses a scripted model whose script is not registered, and
+    # this module registers the panel's scripts.
     good = tmp_path / "good.toml"
     good.write_text(config_text())
-    done = cli("check", str(good))
-    assert done.returncode == 0, done.stderr
-    assert "judges.panel.a" in done.stdout or "panel     a" in done.stdout
-    assert "scripted/panel-b" in done.stdout
+    code = main(["check", str(good)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "judges.panel.a" in out or "panel     a" in out
+    assert "scripted/panel-b" in out
     bad = tmp_path / "bad.toml"
     bad.write_text(config_text(panel='[judges.panel.x]\nprovider = "nosuch/model"\n'))
-    refused = cli("check", str(bad))
-    assert refused.returncode == 2
-    assert f"{bad}: judges.panel.x.provider" in refused.stderr
+    assert main(["check", str(bad)]) == 2
+    assert f"{bad}: judges.panel.x.provider" in capsys.readouterr().err
 
 
 # -- the campaign's panel ------------------------------------------------------------------------
@@ -295,7 +300,7 @@ async def test_the_search_does_the_same_with_and_without_a_panel(controller: str
 def test_no_controller_subscribes_to_ratings() -> None:
     cells = builtin_taxonomy().cell_ids()
     for name in ("map-elites", "uct"):
-        controller = CONTROLLERS.get(name)(cells, LoopSettings())
+        controller = CONTROLLERS.get(name)(cells, SearchRun(), controller_options(name, {}))
         handled = controller.handled_types()
         assert handled and Rating not in handled and Message not in handled
 

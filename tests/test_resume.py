@@ -437,4 +437,4 @@ def test_a_campaign_stored_with_a_lookahead_reports_but_is_not_resumed(tmp_path:
     assert "removed" in refused.stderr and "gained nothing" in refused.stderr
     assert report(db) == before  # reading never needs the option
     assert cli("export", str(db), "--archive", check=True).stdout
-    assert stored_campaign(stored_text, db, "crash").search.simulations == 5
+    assert stored_campaign(stored_text, db, "crash").search["simulations"] == 5

@@ -30,7 +30,8 @@ from mhsafeeval.messages import (
     lookahead_branch,
 )
 from mhsafeeval.runtime import Runtime
-from mhsafeeval.search import LoopSettings, UCTController, UCTTree, reward
+from mhsafeeval.search import SearchRun, UCTController, UCTOptions
+from mhsafeeval.search.uct import UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import Recorder, demo_counselor, register_script, scripted_models
@@ -77,7 +78,7 @@ async def run(cfg: Config) -> list[Message]:
 async def lone_controller() -> AsyncIterator[tuple[Runtime, Recorder]]:
     """A runtime with only a UCT controller (8 simulations, 4 in flight) and a recorder."""
     controller = UCTController(
-        builtin_taxonomy().cell_ids(), LoopSettings(simulations=8, in_flight=4)
+        builtin_taxonomy().cell_ids(), SearchRun(), UCTOptions(simulations=8, in_flight=4)
     )
     seen = Recorder()
     async with Runtime() as rt:

@@ -1,5 +1,5 @@
 """The UCT tree (pure core of the UCT controller): rewards, selection, widening, chance nodes,
-virtual loss, re-rooting and snapshots, with property tests over select/backup/abandon."""
+virtual loss and re-rooting, with property tests over select/backup/abandon."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mhsafeeval.messages import Operator
-from mhsafeeval.search.uct import Action, NodeId, Path, UCTSettings, UCTTree, reward
+from mhsafeeval.search.uct import Action, NodeId, TreePath, UCTSettings, UCTTree, reward
 
 CATEGORIES = ["toxic", "nonfactual", "gaslighting", "invalidation", "blaming", "overpath", "dep"]
 ROLES = ["perpetrator", "instigator", "facilitator", "enabler"]
@@ -22,7 +22,7 @@ ACTIONS = [Action(c, r, op) for c in CATEGORIES for r in ROLES for op in OPERATO
 A, B, C, D = ACTIONS[:4]
 
 
-def must(path: Path | None) -> Path:
+def must(path: TreePath | None) -> TreePath:
     assert path is not None, "expected a simulation to run"
     return path
 
@@ -37,7 +37,7 @@ def make_tree(priors: list[float], *, seed: int = 0, **config: Any) -> tuple[UCT
 def simulate(tree: UCTTree, action: Action, value: float, key: str = "") -> NodeId:
     """Back up ``value`` for a simulation whose last action is ``action``: other selected paths
     are held in flight until it comes up (which steers select away from them), then abandoned."""
-    held: list[Path] = []
+    held: list[TreePath] = []
     for _ in range(200):
         path = must(tree.select())
         if path.action == action:
@@ -48,6 +48,11 @@ def simulate(tree: UCTTree, action: Action, value: float, key: str = "") -> Node
     for other in held:
         tree.abandon(other)
     return tree.backup(path, value, key=key)
+
+
+def tree_state(tree: UCTTree) -> dict[str, Any]:
+    """The tree's statistics as plain data (what nothing in flight changes)."""
+    return {"settings": msgspec.to_builtins(tree._cfg), "root": msgspec.to_builtins(tree._root)}
 
 
 def by_action(tree: UCTTree) -> dict[Action, Any]:
@@ -307,7 +312,7 @@ def test_best_sample_prefers_judged_replies() -> None:
         tree.best_sample(ACTIONS[-1])
 
 
-# --- one turn deep, re-rooting, snapshots ------------------------------------------------------
+# --- one turn deep, re-rooting -----------------------------------------------------------------
 
 
 def one_turn_tree(seed: int = 0, samples: int = 1) -> UCTTree:
@@ -321,7 +326,7 @@ def test_a_sampled_reply_is_a_leaf() -> None:
     tree = one_turn_tree()
     assert tree.select() is None  # both actions hold their K replies: nothing is looked past
     assert tree.sample_keys() == ["k-a", "k-b"]
-    root = tree.snapshot()["root"]
+    root = tree_state(tree)["root"]
     assert root["visits"] == 2
     assert [ch["visits"] for ch in root["children"]] == [1, 1]
     assert all(s["children"] is None for ch in root["children"] for s in ch["samples"])
@@ -336,10 +341,10 @@ def test_reroot_starts_the_next_turn_at_the_chosen_reply() -> None:
     tree, _ = make_tree([0.6, 0.4], samples=1)
     tree.backup(must(tree.select()), 0.4, key="k-a")
     pending = must(tree.select())  # in flight in the old tree: not carried over
-    before = tree.snapshot()
+    before = tree_state(tree)
     child = tree.reroot(A, 0)
-    assert tree.snapshot() == before
-    assert child.snapshot()["root"] == before["root"]["children"][0]["samples"][0]
+    assert tree_state(tree) == before
+    assert tree_state(child)["root"] == before["root"]["children"][0]["samples"][0]
     assert child.stats()["root_visits"] == 1
     assert child.stats()["in_flight_marks"] == 0
     assert (child.expanded(), child.sample_keys(), child.best_action()) == (False, [], None)
@@ -351,30 +356,6 @@ def test_reroot_starts_the_next_turn_at_the_chosen_reply() -> None:
         tree.reroot(A, 1)
     with pytest.raises(ValueError, match="not a root action"):
         tree.reroot(C, 0)
-
-
-def test_snapshot_restore_round_trip() -> None:
-    tree = one_turn_tree(samples=2)
-    held = must(tree.select())
-    snap = tree.snapshot()
-    wire = msgspec.json.decode(msgspec.json.encode(snap))
-    twins = [UCTTree.restore(wire, random.Random(11)) for _ in range(2)]
-    for twin in twins:
-        assert twin.snapshot() == snap
-        assert twin.stats() == {**tree.stats(), "in_flight": 0.0, "in_flight_marks": 0.0}
-        assert twin.sample_keys() == tree.sample_keys()
-    runs = [[(p.node, p.action) for p in iter(twin.select, None)] for twin in twins]
-    assert runs[0] == runs[1]
-    assert runs[0]
-    tree.abandon(held)
-    with pytest.raises(ValueError, match="version"):
-        UCTTree.restore({**snap, "version": 99}, random.Random(0))
-    with pytest.raises(ValueError, match="Expected"):
-        UCTTree.restore({**snap, "root": {"visits": "many"}}, random.Random(0))
-    deep = msgspec.json.decode(msgspec.json.encode(snap))  # a reply expanded: a lookahead
-    deep["root"]["children"][0]["samples"][0]["children"] = []
-    with pytest.raises(ValueError, match="lookahead"):
-        UCTTree.restore(deep, random.Random(0))
 
 
 # --- misuse -------------------------------------------------------------------------------------
@@ -396,7 +377,7 @@ def test_paths_are_backed_up_or_abandoned_once() -> None:
     with pytest.raises(ValueError, match="not in flight"):
         other.backup(path, 0.5)  # a path of another tree, even with the same ticket
     with pytest.raises(ValueError, match="not in flight"):
-        tree.abandon(Path(path.node, path.action, path.ticket))
+        tree.abandon(TreePath(path.node, path.action, path.ticket))
 
 
 def test_expand_rejects_bad_candidates() -> None:
@@ -425,7 +406,7 @@ def test_settings_are_validated() -> None:
 
 def check_tree(tree: UCTTree, *, backups: int | None = None, in_flight: int = 0) -> None:
     """Visits add up, values are means in [0, 1], chance nodes hold at most K samples."""
-    snap = tree.snapshot()
+    snap = tree_state(tree)
     k = snap["settings"]["samples"]
 
     def node(data: dict[str, Any], own: int) -> None:
@@ -472,7 +453,9 @@ def draw_candidates(data: st.DataObject, low: int) -> list[tuple[Action, float]]
     return [(a, data.draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))) for a in actions]
 
 
-def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: list[Path]) -> int:
+def random_session(
+    tree: UCTTree, data: st.DataObject, steps: int, open_paths: list[TreePath]
+) -> int:
     """Random select/backup/abandon/reprioritise; returns the number of backups."""
     backups = 0
     for _ in range(steps):
@@ -491,9 +474,9 @@ def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: l
                     was.in_flight,
                 )
         elif op == "select" or not open_paths:
-            before = tree.snapshot()
+            before = tree_state(tree)
             path = tree.select()
-            assert tree.snapshot() == before  # selecting touches no statistics
+            assert tree_state(tree) == before  # selecting touches no statistics
             if path is not None:
                 open_paths.append(path)
         else:
@@ -504,9 +487,9 @@ def random_session(tree: UCTTree, data: st.DataObject, steps: int, open_paths: l
                 tree.backup(path, 0.0 if unjudged else value, unjudged=unjudged)
                 backups += 1
             else:
-                before, stats = tree.snapshot(), tree.stats()
+                before, stats = tree_state(tree), tree.stats()
                 tree.abandon(path)
-                assert tree.snapshot() == before
+                assert tree_state(tree) == before
                 after = tree.stats()
                 assert after["in_flight"] == stats["in_flight"] - 1
                 assert {k: v for k, v in after.items() if not k.startswith("in_flight")} == {
@@ -523,7 +506,7 @@ def test_statistics_stay_consistent_under_any_interleaving(
 ) -> None:
     tree = UCTTree(random.Random(seed), config)
     tree.expand(draw_candidates(data, 1))
-    open_paths: list[Path] = []
+    open_paths: list[TreePath] = []
     backups = random_session(tree, data, data.draw(st.integers(0, 40)), open_paths)
     check_tree(tree, backups=backups, in_flight=len(open_paths))
     # finish: every path left succeeds, fails or is cancelled
@@ -551,7 +534,7 @@ def test_abandon_is_as_if_never_selected(
     for twin in twins:
         twin.expand(candidates)
     chosen: list[list[tuple[NodeId, Action]]] = [[], []]
-    open_paths: list[list[Path]] = [[], []]
+    open_paths: list[list[TreePath]] = [[], []]
     for _ in range(data.draw(st.integers(0, 30))):
         if data.draw(st.booleans()):
             state = rngs[1].getstate()
@@ -570,7 +553,7 @@ def test_abandon_is_as_if_never_selected(
             else:
                 twin.backup(open_paths[i].pop(0), value)
     assert chosen[0] == chosen[1]
-    assert twins[0].snapshot() == twins[1].snapshot()
+    assert tree_state(twins[0]) == tree_state(twins[1])
     assert twins[0].stats() == twins[1].stats()
 
 
@@ -581,9 +564,9 @@ def test_reroot_keeps_the_chosen_subtree(
 ) -> None:
     tree = UCTTree(random.Random(seed), config)
     tree.expand(draw_candidates(data, 1))
-    open_paths: list[Path] = []
+    open_paths: list[TreePath] = []
     random_session(tree, data, data.draw(st.integers(1, 40)), open_paths)
-    root = tree.snapshot()["root"]
+    root = tree_state(tree)["root"]
     sampled = [(i, ch) for i, ch in enumerate(root["children"]) if ch["samples"]]
     if not sampled:
         return
@@ -591,8 +574,8 @@ def test_reroot_keeps_the_chosen_subtree(
     j = data.draw(st.integers(0, len(chance["samples"]) - 1))
     action = msgspec.convert(chance["action"], Action)
     child = tree.reroot(action, j, random.Random(seed + 1))
-    assert tree.snapshot()["root"] == root  # the old tree is untouched
-    assert child.snapshot()["root"] == chance["samples"][j]
+    assert tree_state(tree)["root"] == root  # the old tree is untouched
+    assert tree_state(child)["root"] == chance["samples"][j]
     assert child.stats()["root_visits"] == chance["samples"][j]["visits"]
     check_tree(child, in_flight=0)
     for path in open_paths:  # in-flight simulations still belong to the old tree

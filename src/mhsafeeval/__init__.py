@@ -1,10 +1,26 @@
 """mhsafeeval: red-team chatbots acting as mental-health counselors.
 
-The public surface is small and curated; heavy dependencies (litellm, vllm, llama.cpp) are
-imported only when a model that needs them is opened.
+Three ways in, and what each needs (everything else lives in the subpackages):
+
+* **Compose your own agent graph**: messages (:class:`Message`), agents (:class:`Agent`,
+  :func:`on`) on a :class:`Runtime`, run as a resumable campaign by the engine
+  (:class:`Graph`, :class:`Node`, :func:`run_graph`) into an :class:`EventStore`.
+* **Plug in a model**: the provider registry (:func:`provider`, :func:`open_model`) and its
+  contract (:class:`ModelClient`, :class:`ModelSettings`, :class:`ChatMessage`,
+  :class:`CallParams`, :class:`Completion`, :class:`ModelCallError`).
+* **Plug in a search strategy**: the controller registry (:func:`controller`) and its contract
+  (:class:`SearchController`).
+
+Test with the fakes (:func:`register_script`, :class:`ScriptedModel`,
+:class:`MemoryEventStore`). Campaigns themselves run from the command line (``mhsafeeval run``)
+or :func:`mhsafeeval.campaign.run_campaign`. Heavy dependencies (litellm, llama.cpp, aiosqlite)
+are imported only when a model or store that needs them is opened.
 """
 
-from mhsafeeval.config import Config, load_config, parse_config
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
+from mhsafeeval.engine import Graph, Node, RunResult, run_graph
 from mhsafeeval.errors import InputError, MhSafeEvalError
 from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, on
 from mhsafeeval.runtime.providers import (
@@ -17,6 +33,12 @@ from mhsafeeval.runtime.providers import (
     open_model,
     provider,
 )
+from mhsafeeval.runtime.providers._scripted import ScriptedModel, register_script
+from mhsafeeval.search import SearchController, controller
+from mhsafeeval.storage import EventStore, MemoryEventStore
+
+if _TYPE_CHECKING:
+    from mhsafeeval.storage import SqliteEventStore
 
 __version__ = "0.1.0"
 
@@ -26,19 +48,36 @@ __all__ = [
     "CallParams",
     "ChatMessage",
     "Completion",
-    "Config",
+    "EventStore",
+    "Graph",
     "HandlerFailed",
     "InputError",
+    "MemoryEventStore",
     "Message",
     "MhSafeEvalError",
     "ModelCallError",
     "ModelClient",
     "ModelSettings",
+    "Node",
+    "RunResult",
     "Runtime",
+    "ScriptedModel",
+    "SearchController",
+    "SqliteEventStore",
     "__version__",
-    "load_config",
+    "controller",
     "on",
     "open_model",
-    "parse_config",
     "provider",
+    "register_script",
+    "run_graph",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    # The SQLite store imports aiosqlite: only when it is asked for.
+    if name == "SqliteEventStore":
+        from mhsafeeval.storage import SqliteEventStore
+
+        return SqliteEventStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,9 +7,10 @@ a call starts only while every limit has room (a counselor call reserves its pla
 ``counselor_calls`` counselor calls are ever made); tokens and cost are added as answers come
 back, so those two limits may be overshot by the calls in flight when they are reached. Once a
 limit is reached no call starts again: calls wait, the campaign stops cleanly (calls in flight
-are cancelled and redone on resume) and says which limit stopped it. USD comes from litellm's
-price map (:mod:`mhsafeeval.costs`); local and scripted models cost 0, and a USD limit with a
-model the map cannot price is refused before the run starts.
+are cancelled and redone on resume) and says which limit stopped it. A live answer is priced by
+its client (:meth:`~mhsafeeval.runtime.providers.ModelClient.price`), stored ones from litellm's
+price map (:mod:`mhsafeeval.costs`, the same map); local and scripted models cost 0, and a USD
+limit with a model the map cannot price is refused before the run starts.
 """
 
 from __future__ import annotations
@@ -142,16 +143,24 @@ class Budget:
                 self.stop.set()
         self.in_flight += 1
 
-    def settle(self, completion: Completion | None, model: str = "") -> None:
-        """Count a call's answer (None: it failed or was cancelled) from ``model``."""
+    def settle(
+        self, completion: Completion | None, model: str = "", *, usd: float | None = None
+    ) -> None:
+        """Count a call's answer (None: it failed or was cancelled) from ``model``.
+
+        ``usd``: what the answer cost, as its client priced it; ``None``: priced here from
+        the price map by the answering model's name, else ``model``'s (0 when unpriced).
+        """
         self.in_flight -= 1
         if not self.in_flight and self._idle is not None:
             self._idle.set()
         if completion is not None:
             self.tokens += completion.prompt_tokens + completion.completion_tokens
-            self.usd += _cost(
-                completion.model, completion.prompt_tokens, completion.completion_tokens, model
-            )
+            if usd is None:
+                usd = _cost(
+                    completion.model, completion.prompt_tokens, completion.completion_tokens, model
+                )
+            self.usd += usd
         self._check()
 
     async def drained(self) -> None:
@@ -162,31 +171,50 @@ class Budget:
 
 
 class BudgetedModel:
-    """A model client whose calls go through a :class:`Budget` (same interface otherwise)."""
+    """A model client whose calls go through a :class:`Budget` (same interface otherwise:
+    everything but :meth:`complete` is the inner client's)."""
 
     def __init__(self, inner: ModelClient, budget: Budget, *, counselor: bool) -> None:
         self.inner = inner
         self.budget = budget
         self.counselor = counselor
         self.name = inner.name
-        self.settings = getattr(inner, "settings", None)
 
     @property
     def supports_json_schema(self) -> bool:
         """The provider's, read live: a provider may learn that its server refuses schemas."""
         return self.inner.supports_json_schema
 
+    @property
+    def sampling(self) -> CallParams:
+        """The inner client's."""
+        return self.inner.sampling
+
+    @property
+    def connection_key(self) -> str:
+        """The inner client's."""
+        return self.inner.connection_key
+
+    def should_retry(self, error: Exception) -> bool:
+        """The inner client's word."""
+        return self.inner.should_retry(error)
+
+    def price(self, completion: Completion) -> float | None:
+        """The inner client's price."""
+        return self.inner.price(completion)
+
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
     ) -> Completion:
-        """Call the inner model once the budget admits it."""
+        """Call the inner model once the budget admits it; its answer is priced by it."""
         await self.budget.admit(self.counselor)
         done: Completion | None = None
         try:
             done = await self.inner.complete(messages, params)
             return done
         finally:
-            self.budget.settle(done, self.name)
+            usd = None if done is None else (self.inner.price(done) or 0.0)
+            self.budget.settle(done, self.name, usd=usd)
 
     async def aclose(self) -> None:
         """The inner client is closed by whoever opened it."""

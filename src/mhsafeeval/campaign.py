@@ -10,18 +10,19 @@ event store records every message.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
-import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 import structlog
+from anyio.abc import TaskStatus
 
 from mhsafeeval.agents import (
     DEFAULT_COUNSELOR_PROMPT,
@@ -41,6 +42,7 @@ from mhsafeeval.config import (
     check_runnable,
     config_differences,
 )
+from mhsafeeval.engine import Graph, Node, RunResult, Service, load_stored, run_graph
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import JUDGES, PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
 from mhsafeeval.judges import rater_address as _rater_address
@@ -48,10 +50,8 @@ from mhsafeeval.messages import (
     ANSWERED_BY,
     ArchiveUpdated,
     CallFailed,
-    CampaignFinished,
     CampaignStarted,
     ClientUtterance,
-    ConversationFinished,
     ConversationStarted,
     CounselorReply,
     Message,
@@ -60,19 +60,21 @@ from mhsafeeval.messages import (
     Verdict,
 )
 from mhsafeeval.rejudge import RatingPool, RatingStats, raters_for
-from mhsafeeval.runtime import AgentId, HandlerFailed, PluginNotFound, Runtime
+from mhsafeeval.runtime import AgentId, PluginNotFound
 from mhsafeeval.runtime.providers import (
+    Connections,
     ModelClient,
     ModelSettings,
     ResilientClient,
     open_model,
 )
 from mhsafeeval.runtime.providers._registry import settings_problems
-from mhsafeeval.search import CONTROLLERS, LoopSettings
+from mhsafeeval.search import CONTROLLERS, ControllerSpec, SearchRun, controller_options
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy, taxonomy_to_text
 
 __all__ = [
+    "CampaignPlan",
     "CampaignResult",
     "ConversationSpec",
     "Preflight",
@@ -103,31 +105,23 @@ class ConversationSpec(msgspec.Struct, frozen=True):
     style: str = ""
 
 
-class CampaignResult(msgspec.Struct, kw_only=True):
-    """How a run ended."""
+class CampaignResult(RunResult, kw_only=True):
+    """How a run ended (:class:`~mhsafeeval.engine.RunResult`), with the panel's part."""
 
-    campaign: str
-    status: str
-    conversations: int
-    finished: int
-    failed: int
-    events_written: int
-    resumed_from: int = 0
-    """Events already stored when this run started (0: a fresh campaign)."""
-    redone: int = 0
-    """Stored messages whose unfinished work this run did again (the calls in flight when the
-    previous run stopped)."""
-    budget: str | None = None
-    """The ``[budget]`` limit that stopped the run (status ``stopped_budget``), else None."""
-    spent: str = ""
-    """Counselor calls, tokens and USD spent by the whole campaign so far, against the limits."""
     panel: RatingStats | None = None
     """What the ``[judges]`` panel did in this run (None: no panel)."""
 
 
-class _Plan(msgspec.Struct, frozen=True):
+class CampaignPlan(msgspec.Struct, frozen=True):
+    """What :func:`build_plan` made of a config: the taxonomy and every planned conversation.
+    Built once per command and passed on."""
+
     taxonomy: Taxonomy
     conversations: tuple[ConversationSpec, ...]
+    controller: ControllerSpec
+    """The selected controller's declaration."""
+    options: msgspec.Struct
+    """``[search]`` decoded by that controller (what the campaign stores of it)."""
 
 
 def _resolve(path: str, base: Path | None) -> Path:
@@ -135,7 +129,7 @@ def _resolve(path: str, base: Path | None) -> Path:
     return p if p.is_absolute() or base is None else base / p
 
 
-def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
+def build_plan(config: Config, source: str | Path = "<config>") -> CampaignPlan:
     """Load the taxonomy and profiles and list the conversations, or raise InputError.
 
     Relative paths in the config are relative to the config file's folder.
@@ -152,11 +146,12 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
     if c.profile_ids:
         profiles = _select_profiles(profiles, c.profile_ids, source)
     try:
-        CONTROLLERS.get(c.controller)
+        controller = CONTROLLERS.get(c.controller)
         JUDGES.get(c.judge)
     except PluginNotFound as exc:
         field = "campaign.controller" if "controller" in str(exc) else "campaign.judge"
         raise InputError(source, field, str(exc)) from None
+    options = controller_options(c.controller, config.search, source)
     check_planned_size(len(config.counselors), len(profiles), c.conversations_per_profile, source)
     specs = tuple(
         ConversationSpec(
@@ -175,7 +170,25 @@ def build_plan(config: Config, source: str | Path = "<config>") -> _Plan:
     if len(ids) != len(specs):  # cannot happen with distinct names: a last line of defence
         twice = [i for i, n in ids.items() if n > 1]
         raise InputError(source, "campaign", f"two conversations would share the id {twice[0]!r}")
-    return _Plan(taxonomy, specs)
+    return CampaignPlan(taxonomy, specs, controller, options)
+
+
+def _search_run(config: Config) -> SearchRun:
+    """What the campaign tells its controller, whichever it is."""
+    c, a = config.campaign, config.ablation
+    return SearchRun(
+        seed=c.seed,
+        max_attempts=c.max_attempts,
+        threshold=c.threshold,
+        single_turn=a.single_turn,
+        role_conditioning=not a.no_role_conditioning,
+        qd_search=not a.no_qd_search,
+    )
+
+
+def _stored(config: Config, plan: CampaignPlan) -> Config:
+    """``config`` as the campaign stores it: ``[search]`` as its controller decoded it."""
+    return msgspec.structs.replace(config, search=msgspec.to_builtins(plan.options))
 
 
 _GLOB = frozenset("*?[")  # characters no profile id has: an entry with one is a pattern
@@ -250,7 +263,7 @@ def conversation_id(campaign: str, counselor: str, profile: str, index: int) -> 
 
 
 def estimate_calls(
-    config: Config, source: str | Path = "<config>", *, plan: _Plan | None = None
+    config: Config, source: str | Path = "<config>", *, plan: CampaignPlan | None = None
 ) -> dict[str, tuple[int, int]]:
     """Model calls per agent role a campaign will make: (fewest, most), before any call.
 
@@ -263,13 +276,9 @@ def estimate_calls(
     plan = plan if plan is not None else build_plan(config, source)
     c = config.campaign
     turns = len(plan.conversations) * (1 if config.ablation.single_turn else c.max_turns)
-    factory = CONTROLLERS.get(c.controller)
-    if getattr(factory, "uses_refiner", True):
-        low_attempts, high_attempts = turns, turns * c.max_attempts
-        refined = turns * (c.max_attempts - 1)
-    else:  # tree search: a fixed number of simulations per turn, no refiner
-        low_attempts = high_attempts = turns * config.search.simulations
-        refined = 0
+    low, high = plan.controller.turn_attempts(plan.options, _search_run(config))
+    low_attempts, high_attempts = turns * low, turns * high
+    refined = turns * (high - 1) if plan.controller.uses_refiner else 0
     out = {
         "mutator": (low_attempts, high_attempts * 3),
         "client": (low_attempts, high_attempts * 2),
@@ -339,31 +348,6 @@ def _environment_names(model: ModelSettings) -> list[tuple[str, str]]:
     return names
 
 
-class _History:
-    """What a store already holds of a campaign: the input of a resumed run."""
-
-    def __init__(self, messages: list[Message]) -> None:
-        self.messages = messages
-        self.ids = {m.id for m in messages}
-        self.children: dict[str, list[Message]] = {}
-        for m in messages:
-            if m.causation:
-                self.children.setdefault(m.causation, []).append(m)
-        self.started = [m.conversation for m in messages if isinstance(m, ConversationStarted)]
-        self.finished = {
-            m.conversation: m.status for m in messages if isinstance(m, ConversationFinished)
-        }
-        self.broken = {m.conversation: m for m in messages if isinstance(m, HandlerFailed)}
-        self.outcome = next(
-            (
-                m
-                for m in reversed(messages)
-                if isinstance(m, CampaignFinished) and m.key == "finish"
-            ),
-            None,
-        )
-
-
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
@@ -374,7 +358,7 @@ def taxonomy_fingerprint(taxonomy: Taxonomy) -> str:
     return _digest(taxonomy_to_text(taxonomy, detail=True).encode())
 
 
-def _fingerprints(plan: _Plan) -> dict[str, str]:
+def _fingerprints(plan: CampaignPlan) -> dict[str, str]:
     """Digests of the taxonomy and the planned profiles: a resumed campaign must use the same."""
 
     profiles: dict[str, Any] = {}
@@ -388,201 +372,6 @@ def _fingerprints(plan: _Plan) -> dict[str, str]:
     }
 
 
-async def _history(
-    store: EventStore, config: Config, source: str | Path, plan: _Plan
-) -> _History | None:
-    """The stored part of this campaign, or None if the store has none; a stored campaign
-    with a different config is an InputError naming the differences."""
-    name = config.campaign.name
-    info = next((c for c in await store.list_campaigns() if c.id == name), None)
-    if info is None or info.event_count == 0:
-        return None
-    differences = config_differences(info.config, config, _fingerprints(plan))
-    if differences:
-        shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
-        raise InputError(
-            source,
-            differences[0].split(":", 1)[0],
-            f"campaign {name!r} is already stored with a different configuration, so it cannot "
-            f"be resumed with this one ({shown}). Use the configuration it was started with, "
-            "or a new --db or campaign.name",
-        )
-    messages = [e.message async for e in store.events(name) if e.message is not None]
-    retry = _failed_turns(messages)
-    if retry:
-        moved = await store.supersede(name, {m.id for m in retry})
-        log.info("campaign.retrying_failed_turns", superseded=moved)
-        gone = {m.id for m in retry}
-        messages = [m for m in messages if m.id not in gone]
-    return _History(messages)
-
-
-def _failed_turns(messages: list[Message]) -> list[Message]:
-    """What to move aside so that each failed conversation picks up where it stopped.
-
-    * A role that never answered (a judge, client, mutator or refiner call that failed for
-      good: :attr:`CallFailed.owed`), or a conversation that stalled: only those failure
-      records and the conversation's end record. The replay then finds the messages they
-      answered unanswered and hands them to their agents again, so a stored counselor reply
-      is judged without calling the counselor again, and the turn goes on from there.
-    * Otherwise, a turn that changed nothing shared (no verdict: usually no counselor call of
-      the turn got an answer): that turn's events, so the turn is retried from its start.
-    * A failure after verdicts (a crashed handler, say) stays as it is, since the archive
-      already learnt from that turn.
-
-    The campaign's end record goes too whenever anything is moved.
-    """
-    ended = {
-        m.conversation: m
-        for m in messages
-        if isinstance(m, ConversationFinished) and m.status in ("failed", "stalled")
-    }
-    if not ended:
-        return []
-    tails: dict[str, list[Message]] = {c: [] for c in ended}
-    for m in messages:
-        end = ended.get(m.conversation)
-        if end is not None and m.turn >= end.turn and not isinstance(m, ConversationStarted):
-            tails[m.conversation].append(m)
-    out: list[Message] = []
-    for conversation, tail in tails.items():
-        owed = [m for m in tail if isinstance(m, CallFailed) and m.owed and m.agent != "panel"]
-        if owed or ended[conversation].status == "stalled":
-            out += owed
-            out += [m for m in tail if isinstance(m, ConversationFinished)]
-        elif not any(isinstance(m, Verdict | ArchiveUpdated) for m in tail):
-            out += tail
-    if out:
-        out += [m for m in messages if isinstance(m, CampaignFinished) and m.key == "finish"]
-    return out
-
-
-class Scheduler:
-    """Keeps ``concurrency`` conversations running; sets ``done`` when the last one ends.
-
-    It is an observer, not an agent, so that it also sees the events of a conversation the
-    runtime cancelled after a handler failed: such a conversation is finished as ``failed``
-    (its ConversationFinished is stored) and the campaign goes on with the next one.
-    """
-
-    def __init__(
-        self,
-        specs: tuple[ConversationSpec, ...],
-        campaign: str,
-        max_turns: int,
-        concurrency: int,
-        history: _History | None = None,
-    ) -> None:
-        done = history.finished if history is not None else {}
-        started = set(history.started) if history is not None else set()
-        self.pending = [s for s in reversed(specs) if s.id not in started]
-        self.campaign = campaign
-        self.max_turns = max_turns
-        self.concurrency = concurrency
-        self.running: set[str] = {s.id for s in specs if s.id in started and s.id not in done}
-        self.finished = len(done)
-        self.failed = sum(status != "completed" for status in done.values())
-        self.total = len(specs)
-        self.done = anyio.Event()
-        self._runtime: Runtime | None = None
-        self._failing: set[str] = set()
-        self.pending_failures: list[HandlerFailed] = []  # stored, not yet closed (resume)
-        self._started = False
-
-    def attach(self, runtime: Runtime) -> None:
-        """Subscribe to the runtime. Do it before a resumed run replays its history: the
-        replay publishes what the stored decisions lead to, a conversation's
-        ConversationFinished among them, and one missed would be waited for forever."""
-        self._runtime = runtime
-        runtime.subscribe(self, name="scheduler", types=(ConversationFinished, HandlerFailed))
-
-    def start(self) -> None:
-        """Close conversations a stored handler failure left open; start the first ones."""
-        self._started = True
-        for failure in self.pending_failures:
-            self(failure)
-        self._start_more()
-
-    def _start_more(self) -> None:
-        assert self._runtime is not None
-        if not self._started:
-            return
-        while self.pending and len(self.running) < self.concurrency:
-            spec = self.pending.pop()
-            self.running.add(spec.id)
-            self._runtime.publish(
-                ConversationStarted(
-                    campaign=self.campaign,
-                    conversation=spec.id,
-                    counselor_model=spec.counselor,
-                    profile_id=spec.profile.id,
-                    index=spec.index,
-                    max_turns=self.max_turns,
-                    style=spec.style,
-                )
-            )
-        if not self.running and not self.pending:
-            self.done.set()
-
-    def stall(self) -> int:
-        """Close every running conversation as ``stalled``: call it when the runtime is idle
-        with conversations open (no message queued, no handler running: nothing will ever
-        move them, e.g. a plugin that forgot to publish). Returns how many were closed."""
-        assert self._runtime is not None
-        stalled = sorted(self.running - self._failing)
-        for conversation in stalled:
-            self._failing.add(conversation)
-            last = self._runtime.last_message(conversation)
-            seen = (
-                f"{last.tag} (turn {last.turn}, attempt {last.attempt}"
-                + (f", branch {last.branch}" if last.branch else "")
-                + ")"
-                if last is not None
-                else "nothing"
-            )
-            log.error("campaign.conversation_stalled", conversation=conversation, last=seen)
-            self._runtime.publish(
-                ConversationFinished(
-                    campaign=self.campaign,
-                    conversation=conversation,
-                    turn=last.turn if last is not None else 0,
-                    key="stalled",
-                    causation=last.id if last is not None else "",
-                    turns=last.turn if last is not None else 0,
-                    status="stalled",
-                    detail=(
-                        "stalled: every agent went idle with the conversation open (an agent "
-                        f"or controller that never answered); the last message it got was {seen}"
-                    ),
-                )
-            )
-        return len(stalled)
-
-    def __call__(self, msg: Message) -> None:
-        assert self._runtime is not None
-        if msg.conversation not in self.running:
-            return
-        if isinstance(msg, HandlerFailed):
-            if msg.conversation in self._failing:
-                return  # one failed ConversationFinished per conversation
-            self._failing.add(msg.conversation)
-            self._runtime.publish(
-                ConversationFinished(
-                    **msg.child_ids(key="scheduler"),
-                    turns=msg.turn,
-                    status="failed",
-                    detail=f"{msg.agent} failed: {msg.error_type}: {msg.error}",
-                )
-            )
-            return
-        assert isinstance(msg, ConversationFinished)
-        self.running.discard(msg.conversation)
-        self.finished += 1
-        self.failed += msg.status != "completed"
-        self._runtime.end_conversation(msg.conversation)
-        self._start_more()
-
-
 async def run_campaign(
     config: Config,
     store: EventStore,
@@ -590,18 +379,16 @@ async def run_campaign(
     source: str | Path = "<config>",
     config_text: str = "",
     observers: tuple[Callable[[Message], Any], ...] = (),
-    open_client: Callable[[ModelSettings], ResilientClient] = open_model,
-    plan: _Plan | None = None,
+    open_client: Callable[[ModelSettings], ResilientClient] | None = None,
+    plan: CampaignPlan | None = None,
 ) -> CampaignResult:
     """Run a whole campaign, storing every message in ``store`` (already open).
 
-    If the store already holds this campaign (same name), the run **resumes** it: the stored
-    messages are replayed into the agents' and the controller's state (transcripts, archives,
-    refiner notes, UCT trees, RNG draws), in stored order, without any model call; decisions
-    the stopped run made but had not stored are published again, and each stored message whose
-    answer is missing (the calls in flight when it stopped) is handed to its agent again.
-    Finished conversations are left alone and the others continue. A campaign that already
-    finished is returned as it is.
+    The campaign is one graph on the engine (:func:`campaign_graph`), run by
+    :func:`mhsafeeval.engine.run_graph`: if the store already holds this campaign (same name),
+    the run **resumes** it (transcripts, archives, refiner notes, UCT trees and RNG draws come
+    back from the stored messages without any model call, and only the work in flight when it
+    stopped is done again). A campaign that already finished is returned as it is.
 
     Raises:
         InputError: a bad taxonomy, profile set, controller or judge name, or a stored campaign
@@ -609,270 +396,255 @@ async def run_campaign(
     """
     plan = plan if plan is not None else build_plan(config, source)
     check_prices(config, source)
-    history = await _history(store, config, source, plan)
-    c, a = config.campaign, config.ablation
-    cells = plan.taxonomy.cell_ids()
-    settings = LoopSettings(
-        seed=c.seed,
-        max_attempts=c.max_attempts,
-        threshold=c.threshold,
-        single_turn=a.single_turn,
-        role_conditioning=not a.no_role_conditioning,
-        qd_search=not a.no_qd_search,
-        simulations=config.search.simulations,
-        in_flight=config.search.in_flight,
-        samples_per_action=config.search.samples_per_action,
-        exploration=config.search.exploration,
-        empty_bonus=config.search.empty_bonus,
-        early_stop=config.search.early_stop,
+    starts = _starts(config, plan)
+    stored = await load_stored(
+        store,
+        config.campaign.name,
+        {m.id for m in starts},
+        accepts=_accepts(config, source, plan),
+        settled=SETTLED,
+        on_bus=_on_bus,
     )
-    specs = {spec.id: spec for spec in plan.conversations}
+    messages = stored.messages if stored is not None else []
+    budget = Budget(config.budget, messages, _configured_model(config, messages))
     clients: dict[str, ResilientClient] = {}
+    # One client per distinct model settings, one concurrency limit per endpoint (the
+    # provider's connection_key) shared by every table on it.
+    opener = open_client or functools.partial(open_model, connections=Connections())
 
-    def client_for(key: str, model: ModelSettings) -> ResilientClient:
-        # One client (one concurrency limit) per distinct model settings.
+    def client_for(model: ModelSettings, *, counselor: bool = False) -> ModelClient:
+        # Every call goes through the budget when it has a limit, counselor calls counted apart.
         ident = msgspec.json.encode(model).decode()
         if ident not in clients:
-            clients[ident] = open_client(model)
-        return clients[ident]
+            clients[ident] = opener(model)
+        client: ModelClient = clients[ident]
+        return BudgetedModel(client, budget, counselor=counselor) if budget.limited else client
 
-    budget = Budget(
-        config.budget,
-        history.messages if history is not None else (),
-        _configured_model(config, history.messages if history is not None else []),
+    panel = _panel(config, plan.taxonomy, store, len(messages), client_for)
+    graph = campaign_graph(
+        config,
+        plan,
+        starts,
+        roles={r: client_for(config.model_for(r)) for r in ROLES},
+        counselors={n: client_for(m, counselor=True) for n, m in config.counselors.items()},
+        config_text=config_text,
+        services=(panel,) if panel is not None else (),
     )
-    roles: dict[str, ModelClient] = {
-        role: client_for(role, config.model_for(role))
-        for role in ("client", "mutator", "judge", "refiner")
-    }
-    counselors: dict[str, ModelClient] = {
-        name: client_for(name, m) for name, m in config.counselors.items()
-    }
-    if budget.limited:  # every call goes through the budget, counselor calls counted apart
-        roles = {r: BudgetedModel(m, budget, counselor=False) for r, m in roles.items()}
-        counselors = {n: BudgetedModel(m, budget, counselor=True) for n, m in counselors.items()}
     for observer in observers:  # a progress display reads retry counts from the clients
         attach = getattr(observer, "attach_clients", None)
         if attach is not None:
             attach(clients.values())
+    result = await run_graph(
+        graph,
+        store,
+        limits=budget,
+        observers=observers,
+        closing=tuple(clients.values()),
+        stored=stored,
+    )
+    return CampaignResult(
+        **msgspec.structs.asdict(result), panel=panel.pool.stats if panel is not None else None
+    )
+
+
+ROLES = ("client", "mutator", "judge", "refiner")
+"""The campaign-wide model roles (``[models.<role>]``); counselors are per conversation."""
+
+SETTLED: tuple[type[Message], ...] = (Verdict, ArchiveUpdated)
+"""What a failed turn keeps: once a verdict (and the archive learnt from it) is stored, other
+conversations may have seen it, so the turn is not done again."""
+
+
+def _starts(config: Config, plan: CampaignPlan) -> list[ConversationStarted]:
+    """One ConversationStarted per planned conversation, in plan order."""
+    c = config.campaign
+    return [
+        ConversationStarted(
+            campaign=c.name,
+            conversation=spec.id,
+            counselor_model=spec.counselor,
+            profile_id=spec.profile.id,
+            index=spec.index,
+            max_turns=1 if config.ablation.single_turn else c.max_turns,
+            style=spec.style,
+        )
+        for spec in plan.conversations
+    ]
+
+
+def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable[[str], None]:
+    """Refuse to resume a stored campaign run with another configuration, naming how."""
+    name = config.campaign.name
+
+    def check(stored: str) -> None:
+        differences = config_differences(stored, _stored(config, plan), _fingerprints(plan))
+        if differences:
+            shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
+            raise InputError(
+                source,
+                differences[0].split(":", 1)[0],
+                f"campaign {name!r} is already stored with a different configuration, so it "
+                f"cannot be resumed with this one ({shown}). Use the configuration it was "
+                "started with, or a new --db or campaign.name",
+            )
+
+    return check
+
+
+def campaign_graph(
+    config: Config,
+    plan: CampaignPlan,
+    starts: list[ConversationStarted],
+    *,
+    roles: dict[str, ModelClient],
+    counselors: dict[str, ModelClient],
+    config_text: str = "",
+    services: tuple[Service, ...] = (),
+) -> Graph:
+    """The MHSafeEval graph: client, mutator, counselor, judge and (when the controller uses
+    one) refiner per conversation, one search controller for all, on ``plan``'s conversations.
+
+    ``roles``: the model of each of :data:`ROLES`; ``counselors``: each counselor model by name.
+    """
+    c, a = config.campaign, config.ablation
+    cells = plan.taxonomy.cell_ids()
+    specs = {spec.id: spec for spec in plan.conversations}
+    run = _search_run(config)
     make_judge = JUDGES.get(c.judge)
-    make_controller = CONTROLLERS.get(c.controller)
     system_prompt = c.counselor_system_prompt or DEFAULT_COUNSELOR_PROMPT
 
     def spec(agent_id: AgentId) -> ConversationSpec:
         return specs[agent_id.key]
 
-    resumed_from = len(history.messages) if history is not None else 0
-    panel = _panel(config, plan.taxonomy, store, history, resumed_from, client_for, budget)
-    if history is not None and history.outcome is not None:
-        finished = len(history.finished)
-        failed = sum(status != "completed" for status in history.finished.values())
-        log.info("campaign.already_finished", status=history.outcome.status, events=resumed_from)
-        if panel is not None and panel.pending:  # a panel added later, or failed ratings
-            try:
-                async with anyio.create_task_group() as tg:
-                    await tg.start(panel.serve)
-                    await _until_rated(panel, budget.stop)
-                    tg.cancel_scope.cancel()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    for model in clients.values():
-                        await model.aclose()
-                    await store.flush()
-        return CampaignResult(
-            campaign=c.name,
-            status=history.outcome.status,
-            conversations=len(specs),
-            finished=finished,
-            failed=failed,
-            events_written=store.stats.written,
-            resumed_from=resumed_from,
-            panel=panel.stats if panel is not None else None,
-            budget=budget.reached,
-            spent=budget.spent(),
+    nodes = [
+        Node.of(
+            MutatorAgent,
+            lambda aid: MutatorAgent(
+                roles["mutator"], plan.taxonomy, spec(aid).profile, context_turns=c.context_turns
+            ),
+            name="mutator",
+        ),
+        Node.of(
+            ClientAgent,
+            lambda aid: ClientAgent(
+                roles["client"],
+                spec(aid).profile,
+                context_turns=c.context_turns,
+                style=spec(aid).style,
+            ),
+            name="client",
+        ),
+        Node.of(
+            CounselorAgent,
+            lambda aid: CounselorAgent(
+                counselors[spec(aid).counselor],
+                system_prompt=system_prompt,
+                context_turns=c.context_turns,
+            ),
+            name="counselor",
+        ),
+        Node(
+            "judge",
+            lambda aid: make_judge(
+                roles["judge"],
+                plan.taxonomy,
+                context_turns=c.context_turns,
+                max_asks=c.judge_max_asks,
+                threshold=c.threshold,
+            ),
+            JUDGE_INPUTS,
+        ),
+    ]
+    if plan.controller.uses_refiner:
+        nodes.append(
+            Node.of(
+                RefinerAgent,
+                lambda aid: RefinerAgent(roles["refiner"], refinement=run.refinement),
+                name="refiner",
+            )
         )
-    if budget.reached is not None:  # the stored part already spent a limit: start nothing
-        done = history.finished if history is not None else {}
-        return CampaignResult(
-            campaign=c.name,
-            status="stopped_budget",
-            conversations=len(specs),
-            finished=len(done),
-            failed=sum(status != "completed" for status in done.values()),
-            events_written=0,
-            resumed_from=resumed_from,
-            budget=budget.reached,
-            spent=budget.spent(),
-        )
-    await store.register_campaign(c.name, canonical_config(config, _fingerprints(plan)))
-    scheduler = Scheduler(
-        plan.conversations, c.name, 1 if a.single_turn else c.max_turns, c.concurrency, history
-    )
-    status = "interrupted"
-    redone = 0
-    try:
-        async with Runtime() as rt, anyio.create_task_group() as panel_tasks:
-            rt.subscribe(store.append, name="store", critical=True)
-            if panel is not None:  # ratings go to the store only: nothing on the bus sees them
-                await panel_tasks.start(panel.serve)
-                rt.subscribe(
-                    lambda m: panel.submit(panel.fold.add(m)), name="panel", types=PANEL_INPUTS
-                )
-            for i, observer in enumerate(observers):
-                rt.subscribe(observer, name=f"observer{i}", replay=True)
-            rt.register(
-                "mutator",
-                lambda aid: MutatorAgent(
-                    roles["mutator"],
-                    plan.taxonomy,
-                    spec(aid).profile,
-                    context_turns=c.context_turns,
-                ),
-                types=MutatorAgent.handled_types(),
-            )
-            rt.register(
-                "client",
-                lambda aid: ClientAgent(
-                    roles["client"],
-                    spec(aid).profile,
-                    context_turns=c.context_turns,
-                    style=spec(aid).style,
-                ),
-                types=ClientAgent.handled_types(),
-            )
-            rt.register(
-                "counselor",
-                lambda aid: CounselorAgent(
-                    counselors[spec(aid).counselor],
-                    system_prompt=system_prompt,
-                    context_turns=c.context_turns,
-                ),
-                types=CounselorAgent.handled_types(),
-            )
-            rt.register(
-                "judge",
-                lambda aid: make_judge(
-                    roles["judge"],
-                    plan.taxonomy,
-                    context_turns=c.context_turns,
-                    max_asks=c.judge_max_asks,
-                    threshold=c.threshold,
-                ),
-                types=JUDGE_INPUTS,
-            )
-            if getattr(make_controller, "uses_refiner", True):
-                rt.register(
-                    "refiner",
-                    lambda aid: RefinerAgent(roles["refiner"], refinement=settings.refinement),
-                    types=RefinerAgent.handled_types(),
-                )
-            rt.add(make_controller(cells, settings), name="controller")
-            scheduler.attach(rt)
-            if history is not None:
-                redone = _resume(rt, history, scheduler)
-            else:
-                rt.publish(
-                    CampaignStarted(
-                        campaign=c.name,
-                        key="start",
-                        config=config_text,
-                        cells=tuple(cells),
-                        threshold=c.threshold,
-                        planned_conversations=len(specs),
-                        max_turns=1 if a.single_turn else c.max_turns,
-                    )
-                )
-            scheduler.start()
-            await _until_done(rt, scheduler, budget.stop)
-            if not scheduler.done.is_set():
-                # A limit was reached: no call starts any more. Let the calls in flight finish
-                # (up to a minute) and their messages reach the store, then stop everything.
-                with anyio.move_on_after(60):
-                    await budget.drained()
-                await rt.observers_caught_up()
-                raise _BudgetReached(budget.reached or "budget")
-            await rt.run_until_idle()
-            if panel is not None and not await _until_rated(panel, budget.stop):
-                raise _BudgetReached(budget.reached or "budget")
-            status = "completed" if scheduler.failed == 0 else "completed_with_failures"
-            rt.publish(
-                CampaignFinished(
-                    campaign=c.name,
-                    key="finish",
-                    status=status,
-                    detail=f"{scheduler.failed} conversation(s) failed",
-                )
-            )
-            await rt.run_until_idle()
-            if panel is not None:
-                panel.close()
-    except BaseException as exc:
-        budget_stop = _is_budget_stop(exc)  # stopped cleanly at a limit: not an error
-        if budget_stop:
-            status, detail = "stopped_budget", f"{budget.reached} reached: {budget.spent()}"
-        else:  # Ctrl-C or a crash: say so in the record
-            status = "interrupted" if not isinstance(exc, Exception) else "failed"
-            detail = f"{type(exc).__name__}: {exc}"[:500]
-        with anyio.CancelScope(shield=True):
-            await store.append(
-                CampaignFinished(
-                    campaign=c.name,
-                    # Not "finish": a resumed run still records how it ends.
-                    key=f"stopped:{resumed_from}+{store.stats.appended}",
-                    status=status,
-                    detail=detail,
-                )
-            )
-        if not budget_stop:
-            raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            for model in clients.values():
-                await model.aclose()
-            await store.flush()
-    return CampaignResult(
+    nodes.append(Node.shared(plan.controller(cells, run, plan.options), name="controller"))
+    return Graph(
         campaign=c.name,
-        status=status,
-        conversations=len(specs),
-        finished=scheduler.finished,
-        failed=scheduler.failed,
-        events_written=store.stats.written,
-        resumed_from=resumed_from,
-        redone=redone,
-        budget=budget.reached,
-        spent=budget.spent(),
-        panel=panel.stats if panel is not None else None,
+        nodes=nodes,
+        conversations=starts,
+        concurrency=c.concurrency,
+        opening=CampaignStarted(
+            campaign=c.name,
+            key="start",
+            config=config_text,
+            cells=tuple(cells),
+            threshold=c.threshold,
+            planned_conversations=len(starts),
+            max_turns=1 if a.single_turn else c.max_turns,
+        ),
+        config=canonical_config(_stored(config, plan), _fingerprints(plan)),
+        accepts=None,
+        settled=SETTLED,
+        services=services,
     )
+
+
+class _PanelService:
+    """The ``[judges]`` panel's rating pool as an engine service: it reads judged replies from
+    the bus and stores ratings, which no agent ever sees."""
+
+    types = PANEL_INPUTS
+
+    def __init__(self, pool: RatingPool) -> None:
+        self.pool = pool
+
+    @property
+    def pending(self) -> bool:
+        """Ratings still to do."""
+        return bool(self.pool.pending)
+
+    def owns(self, msg: Message) -> bool:
+        """Ratings and the panel's failed calls."""
+        return not _on_bus(msg)
+
+    def resume(self, stored: Sequence[Message]) -> None:
+        """Rate the stored judged replies not rated yet (a panel added later rates them)."""
+        self.pool.submit([item for m in stored for item in self.pool.fold.add(m)])
+
+    def observe(self, msg: Message) -> None:
+        """Rate the replies ``msg`` completes."""
+        self.pool.submit(self.pool.fold.add(msg))
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Rate until cancelled."""
+        await self.pool.serve(task_status=task_status)
+
+    async def join(self) -> None:
+        """Wait until everything submitted is rated."""
+        await self.pool.join()
+
+    def close(self) -> None:
+        """No more replies will come."""
+        self.pool.close()
 
 
 def _panel(
     config: Config,
     taxonomy: Taxonomy,
     store: EventStore,
-    history: _History | None,
     run: int,
-    client_for: Callable[[str, ModelSettings], ModelClient],
-    budget: Budget,
-) -> RatingPool | None:
-    """The ``[judges]`` panel's rating pool (None: no panel), with the stored judged replies
-    it has not rated yet (a panel added to a stored campaign rates the old replies too)
-    already submitted. It rates a reply once its turn is committed (or its conversation has
-    ended), with the search judge's settings (context, re-asks, threshold), every call
-    through the budget; a call that fails for good is stored as ``CallFailed(agent="panel")``
-    and asked again by the next run."""
+    client_for: Callable[[ModelSettings], ModelClient],
+) -> _PanelService | None:
+    """The ``[judges]`` panel (None: no panel). It rates a reply once its turn is committed
+    (or its conversation has ended), with the search judge's settings (context, re-asks,
+    threshold), every call through the budget; a call that fails for good is stored as
+    ``CallFailed(agent="panel")`` and asked again by the next run. Given the stored messages
+    first (the engine does), it rates the stored judged replies it has not rated yet, so a
+    panel added to a stored campaign rates the old replies too."""
     members = config.judges.panel
     if not members:
         return None
     c = config.campaign
-    fold = ReplyFold(c.context_turns)
-    backlog = [item for m in (history.messages if history else ()) for item in fold.add(m)]
     raters = []
-    for name, settings in members.items():
-        model = client_for(f"judges.panel.{name}", settings)
-        if budget.limited:
-            model = BudgetedModel(model, budget, counselor=False)
+    for settings in members.values():
         judge = RubricJudge(
-            model,
+            client_for(settings),
             taxonomy,
             context_turns=c.context_turns,
             max_asks=c.judge_max_asks,
@@ -881,36 +653,14 @@ def _panel(
         )
         raters += raters_for(settings.provider, config.judges.samples, judge)
     pool = RatingPool(
-        fold,
+        ReplyFold(c.context_turns),
         raters,
         store.append,
         source="panel",
         run=str(run),
         workers=sum(m.max_concurrency for m in members.values()),
     )
-    pool.submit(backlog)
-    return pool
-
-
-async def _until_rated(pool: RatingPool, stop: anyio.Event) -> bool:
-    """Wait until ``pool`` has done what was submitted (True) or a budget limit is reached
-    first (False: its calls would wait for ever)."""
-    done = False
-    async with anyio.create_task_group() as tg:
-
-        async def rated() -> None:
-            nonlocal done
-            await pool.join()
-            done = True
-            tg.cancel_scope.cancel()
-
-        async def stopped() -> None:
-            await stop.wait()
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(rated)
-        tg.start_soon(stopped)
-    return done
+    return _PanelService(pool)
 
 
 def _on_bus(msg: Message) -> bool:
@@ -939,77 +689,3 @@ def _configured_model(config: Config, messages: list[Message]) -> Callable[[Mess
         return config.model_for(role).provider if role is not None else ""
 
     return configured
-
-
-class _BudgetReached(Exception):
-    """Raised inside the runtime to cancel what is in flight when a budget limit is reached."""
-
-
-def _is_budget_stop(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):  # the runtime's task group wraps it
-        return all(_is_budget_stop(e) for e in exc.exceptions)
-    return isinstance(exc, _BudgetReached)
-
-
-async def _until_done(rt: Runtime, scheduler: Scheduler, stop: anyio.Event) -> None:
-    """Return once every conversation has ended or ``stop`` (a budget limit) is set.
-
-    A runtime that goes idle while conversations are open will never move them again: those
-    conversations are closed as ``stalled`` (naming the last message each one got), never
-    waited for forever.
-    """
-    async with anyio.create_task_group() as tg:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            tg.cancel_scope.cancel()
-
-        async def watch() -> None:
-            while not scheduler.done.is_set():
-                await rt.run_until_idle()
-                if scheduler.done.is_set() or stop.is_set():
-                    return
-                if not scheduler.stall():
-                    # Idle, not done, nothing to close: the scheduler itself stopped
-                    # hearing ends (it failed and was detached). Never wait forever.
-                    raise RuntimeError(
-                        f"the runtime went idle with {len(scheduler.running)} conversation(s) "
-                        "open that the scheduler had already closed"
-                    )
-
-        tg.start_soon(wait, scheduler.done)
-        tg.start_soon(wait, stop)
-        tg.start_soon(watch)
-
-
-def _resume(rt: Runtime, history: _History, scheduler: Scheduler) -> int:
-    """Replay a stored campaign into the runtime's agents and restart its unfinished work;
-    returns how many stored messages were handed to an agent again."""
-    started = time.perf_counter()
-    rt.begin_replay(history.ids)
-    for msg in history.messages:
-        if _on_bus(msg):
-            rt.replay(msg)
-    suppressed, fresh = rt.end_replay()
-    replay_s = time.perf_counter() - started
-    live = scheduler.running - set(history.broken)
-    redone = 0
-    for msg in history.messages:
-        if msg.conversation in live and _on_bus(msg):
-            children = [m for m in history.children.get(msg.id, ()) if _on_bus(m)]
-            redone += bool(rt.redo(msg, children))
-    log.info(
-        "campaign.resumed",
-        stored=len(history.messages),
-        finished=len(history.finished),
-        continuing=len(live),
-        republished=len(fresh),
-        redone=redone,
-        replayed_decisions=suppressed,
-        replay_s=round(replay_s, 2),
-    )
-    for conversation in scheduler.running & set(history.broken):
-        # A handler failed and the run stopped before the conversation was closed: close it.
-        rt.cancel_conversation(conversation)
-        scheduler.pending_failures.append(history.broken[conversation])
-    return redone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import signal
 import sys
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+Handler = Callable[[argparse.Namespace], int] | Callable[[argparse.Namespace], Awaitable[int]]
+"""What a subcommand runs with the parsed arguments; an ``async`` one runs in its own event
+loop (see :func:`_dispatch`)."""
+
 EXIT_INPUT = 2
 EXIT_BUDGET = 3
 EXIT_INTERRUPTED = 130
@@ -45,10 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    sub.add_parser("providers", help="list the model providers that can be addressed")
+    _command(sub, "providers", _providers, help="list the model providers that can be addressed")
 
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
+        _run,
         help="run a campaign and print its report (no config: the offline demo); run it again "
         "on the same --db to resume it",
     )
@@ -76,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print the model calls each role will make; run nothing",
     )
 
-    report = sub.add_parser("report", help="print a stored campaign's results")
+    report = _command(sub, "report", _report, help="print a stored campaign's results")
     report.add_argument("db", type=Path, help="the campaign database")
     report.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
     report.add_argument("--json", action="store_true", help="machine-readable JSON")
@@ -84,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         "--html", type=Path, metavar="OUT", help="write a self-contained HTML report (owner-only)"
     )
 
-    export = sub.add_parser("export", help="one record per attempt (jsonl or csv), or the archive")
+    export = _command(
+        sub, "export", _export, help="one record per attempt (jsonl or csv), or the archive"
+    )
     export.add_argument("db", type=Path, help="the campaign database")
     export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
     export.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
@@ -93,22 +102,26 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, help="write here (created owner-only) instead of stdout"
     )
 
-    profiles = sub.add_parser("profiles", help="list and validate client profiles")
+    profiles = _command(sub, "profiles", _profiles, help="list and validate client profiles")
     profiles.add_argument(
         "path", nargs="?", type=Path, help="a profile file or folder (default: built-in)"
     )
 
-    taxonomy = sub.add_parser("taxonomy", help="show and validate a taxonomy")
+    taxonomy = _command(sub, "taxonomy", _taxonomy, help="show and validate a taxonomy")
     taxonomy.add_argument(
         "path", nargs="?", type=Path, help="a taxonomy TOML file (default: built-in)"
     )
     taxonomy.add_argument("--detail", action="store_true", help="every cell with its ladder")
 
-    check = sub.add_parser("check", help="validate a campaign config file without running it")
+    check = _command(
+        sub, "check", _check, help="validate a campaign config file without running it"
+    )
     check.add_argument("config", type=Path)
 
-    events = sub.add_parser(
+    events = _command(
+        sub,
         "events",
+        _events,
         help="print a stored campaign's events (exit 1 if a stored row is damaged: each one "
         "is named and skipped)",
     )
@@ -126,8 +139,10 @@ def _parser() -> argparse.ArgumentParser:
         "--limit", type=_limit, default=0, metavar="N", help="stop after N events (0: all)"
     )
 
-    calibrate = sub.add_parser(
+    calibrate = _command(
+        sub,
         "calibrate",
+        _calibrate,
         help="rate a labelled set with a judge model and print its agreement with the labels; "
         "ratings are cached in --db, so a rerun continues where it stopped",
     )
@@ -160,8 +175,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--quiet", action="store_true", help="no progress lines")
 
-    rejudge = sub.add_parser(
+    rejudge = _command(
+        sub,
         "rejudge",
+        _rejudge,
         help="rate a stored campaign's judged replies with other judges (stored as ratings "
         "beside the verdicts); a rerun continues and never rates a reply twice",
     )
@@ -198,6 +215,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Handler,
+    *,
+    help: str,
+) -> argparse.ArgumentParser:
+    """Subcommand ``name``, run by ``handler`` (one parser entry and one function a command)."""
+    parser = sub.add_parser(name, help=help)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code (see the README's list)."""
     parser = _parser()
@@ -227,24 +257,16 @@ def _judge_sampling(parser: argparse.ArgumentParser, *, in_flight: str) -> None:
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.command is None:
+    """Run the subcommand's handler: an ``async`` one in its own event loop, where SIGTERM
+    stops it as Ctrl-C does."""
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:  # no subcommand
         parser.print_help()
         return 0
-    if args.command == "providers":
-        return _providers()
-    if args.command == "check":
-        return _check(args.config)
-    if args.command == "profiles":
-        return _profiles(args.path)
-    if args.command == "taxonomy":
-        return _taxonomy(args.path, args.detail)
-    commands = {
-        "events": _events, "run": _run, "report": _report, "export": _export,
-        "calibrate": _calibrate, "rejudge": _rejudge,
-    }  # fmt: skip
-    if args.command in commands:
-        return anyio.run(_until_sigterm, commands[args.command], args)
-    parser.error(f"unknown command {args.command!r}")
+    if inspect.iscoroutinefunction(handler):
+        code: int = anyio.run(_until_sigterm, handler, args)
+        return code
+    return handler(args)  # type: ignore[return-value]  # not a coroutine function
 
 
 class _Terminated(Exception):
@@ -325,7 +347,7 @@ def _failed(exc: BaseException, *, debug: bool) -> int:
     return EXIT_INPUT if isinstance(shown, InputError) else 1
 
 
-def _providers() -> int:
+def _providers(args: argparse.Namespace) -> int:
     from mhsafeeval.runtime.providers import available_providers
 
     for name, description in available_providers().items():
@@ -333,12 +355,13 @@ def _providers() -> int:
     return 0
 
 
-def _check(path: Path) -> int:
+def _check(args: argparse.Namespace) -> int:
     from mhsafeeval.campaign import build_plan, preflight
     from mhsafeeval.config import load_config
 
-    config = load_config(path)
-    plan = build_plan(config, path)
+    path: Path = args.config
+    config = load_config(path)  # the file is read once
+    plan = build_plan(config, path)  # once: what run would build
     found = preflight(config, path)  # raises what run would refuse too
     for problem in found.missing:
         print(visible(f"mhsafeeval: warning: {problem} (needed to run)"), file=sys.stderr)
@@ -362,9 +385,10 @@ def _check(path: Path) -> int:
     return 0
 
 
-def _profiles(path: Path | None) -> int:
+def _profiles(args: argparse.Namespace) -> int:
     from mhsafeeval.agents import builtin_profiles, load_profiles
 
+    path: Path | None = args.path
     profiles = builtin_profiles() if path is None else load_profiles(path)
     for p in profiles:
         print(
@@ -375,16 +399,22 @@ def _profiles(path: Path | None) -> int:
     return 0
 
 
-def _taxonomy(path: Path | None, detail: bool) -> int:
+def _taxonomy(args: argparse.Namespace) -> int:
     from mhsafeeval.taxonomy import builtin_taxonomy, load_taxonomy, taxonomy_to_text
 
-    taxonomy = builtin_taxonomy() if path is None else load_taxonomy(path)
-    print(taxonomy_to_text(taxonomy, detail=detail))
+    taxonomy = builtin_taxonomy() if args.path is None else load_taxonomy(args.path)
+    print(taxonomy_to_text(taxonomy, detail=args.detail))
     return 0
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from mhsafeeval.campaign import DEMO_CONFIG, build_plan, preflight, run_campaign
+    from mhsafeeval.campaign import (
+        DEMO_CONFIG,
+        build_plan,
+        estimate_calls,
+        preflight,
+        run_campaign,
+    )
     from mhsafeeval.config import parse_config, read_config
     from mhsafeeval.progress import Progress
     from mhsafeeval.report import load_report, render_text
@@ -403,27 +433,31 @@ async def _run(args: argparse.Namespace) -> int:
         config = msgspec.structs.replace(
             config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
         )
-    build_plan(config, source)  # every input error is raised here, before anything is written
+    # Built once and passed on: every input error is raised here, before anything is written.
+    plan = build_plan(config, source)
     if args.estimate:
-        return _print_estimate(config, source)
+        return _print_estimate(
+            config, len(plan.conversations), estimate_calls(config, source, plan=plan)
+        )
     found = preflight(config, source)  # every model table refused before anything is written
     if found.missing:
         raise found.missing[0]
     for warning in found.warnings:
         print(visible(f"mhsafeeval: warning: {warning}"), file=sys.stderr)
-    stored = await _stored_events(db, config.campaign.name)
-    if stored:
-        print(
-            f"mhsafeeval: campaign {config.campaign.name!r} -> {db}: resuming "
-            f"({stored} events stored)",
-            file=sys.stderr,
-        )
-    else:
-        print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
     observers = () if args.quiet else (Progress(every_s=args.progress_every),)
-    async with SqliteEventStore(db) as store:
+    async with SqliteEventStore(db) as store:  # the one open of the database
+        counts = {c.id: c.event_count for c in await store.list_campaigns()}
+        stored = counts.get(config.campaign.name, 0)
+        if stored:
+            print(
+                f"mhsafeeval: campaign {config.campaign.name!r} -> {db}: resuming "
+                f"({stored} events stored)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
         result = await run_campaign(
-            config, store, source=source, config_text=text, observers=observers
+            config, store, source=source, config_text=text, observers=observers, plan=plan
         )
         reports = await load_report(store, config.campaign.name)
         await store.flush()
@@ -495,17 +529,15 @@ def _demo_epilogue(config: Config, db: Path) -> None:
     )
 
 
-def _print_estimate(config: Config, source: Path) -> int:
-    from mhsafeeval.campaign import build_plan, estimate_calls
-
-    plan = build_plan(config, source)
+def _print_estimate(config: Config, conversations: int, calls: dict[str, tuple[int, int]]) -> int:
+    """``run --estimate``: the plan's size and the model calls per role (``estimate_calls``)."""
     c = config.campaign
     print(
-        f"campaign {c.name!r}: {len(plan.conversations)} conversation(s) x {c.max_turns} turn(s), "
+        f"campaign {c.name!r}: {conversations} conversation(s) x {c.max_turns} turn(s), "
         f"controller {c.controller}"
     )
     print(f"{'role':<10} {'model':<40} {'fewest calls':>13} {'most calls':>11}")
-    for role, (low, high) in estimate_calls(config, source).items():
+    for role, (low, high) in calls.items():
         if role == "counselor":
             model = ", ".join(m.provider for m in config.counselors.values())
         else:
@@ -513,17 +545,6 @@ def _print_estimate(config: Config, source: Path) -> int:
         print(f"{role:<10} {model[:40]:<40} {low:>13} {high:>11}")
     print("(structured answers count their re-asks; provider retries are not counted)")
     return 0
-
-
-async def _stored_events(db: Path, name: str) -> int:
-    """Events of campaign ``name`` already in ``db`` (0 if the file or campaign is new)."""
-    from mhsafeeval.storage import SqliteEventStore
-
-    if not await anyio.Path(db).exists():
-        return 0
-    async with SqliteEventStore(db, read_only=True) as existing:
-        stored = {c.id: c for c in await existing.list_campaigns()}
-    return stored[name].event_count if name in stored else 0
 
 
 async def _report(args: argparse.Namespace) -> int:

@@ -43,11 +43,11 @@ __all__ = [
     "Config",
     "JudgesSection",
     "LoggingSection",
-    "SearchSection",
     "canonical_config",
     "check_planned_size",
     "check_runnable",
     "config_differences",
+    "convert_table",
     "load_config",
     "parse_config",
     "read_config",
@@ -205,6 +205,19 @@ _REMOVED: dict[str, tuple[Any, str]] = {
 # value.
 
 
+_TREE_SEARCH_KEYS = (
+    "simulations",
+    "in_flight",
+    "samples_per_action",
+    "exploration",
+    "empty_bonus",
+    "early_stop",
+)
+# The keys [search] held before it became the selected controller's options: campaigns stored
+# then have them (with their defaults) whatever their controller, and for a controller that
+# does not read them they mean nothing.
+
+
 class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[logging]``: level and format of log lines (stderr)."""
 
@@ -216,23 +229,14 @@ class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError("must be one of debug, info, warning, error, critical - at `$.level`")
 
 
-class SearchSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``[search]``: the tree search controller (``controller = "uct"``)."""
-
-    simulations: Annotated[int, _at_most(1, 10_000)] = 20
-    in_flight: Annotated[int, _at_most(1, 1024)] = 4
-    samples_per_action: Annotated[int, _at_most(1, 100)] = 2
-    exploration: Annotated[float, _at_most(0, 1000)] = 1.0
-    empty_bonus: Annotated[float, _at_most(0, 1)] = 0.2
-    early_stop: bool = False
-
-
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole campaign config file."""
 
     campaign: CampaignSection = CampaignSection()
     ablation: AblationSection = AblationSection()
-    search: SearchSection = SearchSection()
+    search: dict[str, Any] = {}
+    """``[search]``: the selected controller's options, decoded (and checked) by
+    :func:`mhsafeeval.search.controller_options` once the controller is known."""
     budget: BudgetSection = BudgetSection()
     models: dict[str, ModelSettings] = {}
     counselors: dict[str, ModelSettings] = {}
@@ -316,16 +320,17 @@ def _convert(data: dict[str, Any], source: str | Path) -> Config:
                 where = f"{section}.{name}"
                 if isinstance(table, dict):
                     _refuse_credentials(table, source, where)
-                settings = _worded(table, ModelSettings, source, where)
+                settings = convert_table(table, ModelSettings, source, where)
                 _check_model(settings, source, where)
-    return _worded(data, Config, source)
+    return convert_table(data, Config, source)
 
 
 _BOUND = re.compile(r"expected (?:int|float)(?: \| null)? ([<>]=? \S+)")
 
 
-def _worded(value: Any, kind: type[T], source: str | Path, prefix: str = "") -> T:
-    """:func:`convert`, with msgspec's "expected int >= 1" worded as "must be >= 1"."""
+def convert_table(value: Any, kind: type[T], source: str | Path | None, prefix: str = "") -> T:
+    """A config table (``prefix`` its key path) decoded into ``kind``, with errors worded as
+    every config error is: ``InputError(source, "search.simulations", "must be >= 1")``."""
     try:
         return convert(value, kind, source, prefix)
     except InputError as exc:
@@ -339,7 +344,10 @@ def canonical_config(config: Config, inputs: dict[str, str] | None = None) -> st
     """The effective config as canonical JSON (sorted keys): what a campaign stores to tell, on
     resume, whether it is run with the same settings (overrides such as ``--controller``
     included). ``inputs``: fingerprints of what the config points to (taxonomy, profiles),
-    stored under ``inputs`` so that an edited file is noticed too."""
+    stored under ``inputs`` so that an edited file is noticed too. ``[search]`` is stored as
+    ``config.search`` holds it: a campaign passes its controller's decoded options there
+    (``msgspec.to_builtins`` of :func:`mhsafeeval.search.controller_options`), defaults
+    included, so that a default changed by a later version is noticed as well."""
     data = msgspec.to_builtins(config)
     if inputs:
         data["inputs"] = dict(inputs)
@@ -373,8 +381,10 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
     """What differs between a stored :func:`canonical_config` and ``now`` (with its
     ``inputs``), as ``"key.path: stored X, now Y"`` lines, leaving out
     :data:`RESUMABLE_CHANGES`. A key this version removed differs only if it was stored with
-    another value than the one that means how this version runs. A stored text that is not
-    canonical JSON (written by an older version) is one difference."""
+    another value than the one that means how this version runs; a tree-search key that
+    earlier versions stored under ``search`` whatever the controller differs in nothing when
+    the selected controller does not read it (``now.search`` lacks it). A stored text that is
+    not canonical JSON (written by an older version) is one difference."""
     try:
         before = json.loads(stored)
     except ValueError:
@@ -394,6 +404,11 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
             table = table.get(name) if isinstance(table, dict) else None
         if isinstance(table, dict):
             table.setdefault(key, value)
+    stored_search, now_search = before.get("search"), after.get("search")
+    if isinstance(stored_search, dict) and isinstance(now_search, dict):
+        for key in _TREE_SEARCH_KEYS:
+            if key not in now_search:
+                stored_search.pop(key, None)
 
     def walk(a: Any, b: Any, path: str) -> None:
         if any(path == k or path.startswith(k + ".") for k in RESUMABLE_CHANGES):

@@ -8,10 +8,6 @@ priced model is present.
 
 from __future__ import annotations
 
-import functools
-import os
-from typing import Any
-
 from mhsafeeval.storage import RoleUsage
 
 __all__ = ["model_cost", "role_cost"]
@@ -19,28 +15,17 @@ __all__ = ["model_cost", "role_cost"]
 _FREE = ("scripted/", "local/")
 
 
-@functools.cache
-def _litellm() -> Any:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.suppress_debug_info = True  # no "Provider List" banner for an unpriced model
-    return litellm
-
-
 def model_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-    """USD for these tokens of ``model`` (0 for scripted and local models; None if unpriced)."""
+    """USD for these tokens of ``model`` (0 for scripted and local models; None if unpriced).
+
+    A live call is priced by its client (:meth:`~mhsafeeval.runtime.providers.ModelClient.price`);
+    this prices stored usage by model name, with the same price map.
+    """
     if model.startswith(_FREE) or not (prompt_tokens or completion_tokens):
         return 0.0
-    try:
-        prompt, completion = _litellm().cost_per_token(
-            model=model.removeprefix("litellm/"),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
-    except Exception:  # litellm raises plain Exceptions for unknown models
-        return None
-    return float(prompt) + float(completion)
+    from mhsafeeval.runtime.providers._litellm import token_price
+
+    return token_price(model, prompt_tokens, completion_tokens)
 
 
 def role_cost(usage: RoleUsage) -> float | None:

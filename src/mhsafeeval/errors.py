@@ -19,7 +19,16 @@ T = TypeVar("T")
 
 
 class MhSafeEvalError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose.
+
+    Example:
+        >>> from mhsafeeval.config import parse_config
+        >>> try:
+        ...     parse_config("campaign = 3", "bad.toml")
+        ... except MhSafeEvalError as exc:  # an InputError, say
+        ...     print(type(exc).__name__)
+        InputError
+    """
 
 
 class InputError(MhSafeEvalError):

@@ -53,6 +53,7 @@ __all__ = [
     "Unjudged",
     "Usage",
     "Verdict",
+    "answers_of",
     "is_omission",
     "lookahead_branch",
 ]
@@ -367,7 +368,7 @@ class Refinement(msgspec.Struct, frozen=True, kw_only=True):
     :class:`CallFailed`) after exactly the verdicts the refiner writes notes for; if the two
     decided apart (say, with different ``max_attempts``), a conversation would wait for notes
     that never come. Build both from one ``Refinement`` (the campaign passes its controller's
-    :attr:`~mhsafeeval.search.LoopSettings.refinement` to the refiner).
+    :attr:`~mhsafeeval.search.SearchRun.refinement` to the refiner).
 
     Example:
         >>> rule = Refinement(threshold=3, max_attempts=2)
@@ -521,4 +522,20 @@ ANSWERED_BY: dict[type[Message], str] = {
     RefinerNotes: "refiner",
     Rating: "panel",
 }
-"""The agent role whose model call each answer message carries (its ``usage``)."""
+"""What answers what: the agent role whose model call each answer message carries (its
+``usage``). The one definition: each agent's :attr:`~mhsafeeval.runtime.Agent.outcomes` (what
+a resumed run looks for before it asks again) is read from it by :func:`answers_of`, and the
+figures price each answer by it."""
+
+
+def answers_of(role: str) -> tuple[type[Message], ...]:
+    """The answer messages of ``role`` (its agent's ``outcomes``).
+
+    Example:
+        >>> [t.__name__ for t in answers_of("judge")]
+        ['Verdict', 'Unjudged']
+    """
+    found = tuple(t for t, r in ANSWERED_BY.items() if r == role)
+    if not found:
+        raise KeyError(f"no answer message is declared for the role {role!r}")
+    return found

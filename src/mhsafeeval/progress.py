@@ -121,7 +121,7 @@ class Progress:
         self._clients = list(clients)
 
     def __call__(self, msg: Message) -> None:
-        self._fold(msg)
+        self._count(msg)
         now = self.clock()
         if isinstance(msg, CampaignFinished):
             if not self._final_drawn:
@@ -138,7 +138,7 @@ class Progress:
 
     def replay(self, msg: Message) -> None:
         """A message a resumed run already had: counted, but not in this run's pace (ETA)."""
-        self._fold(msg)
+        self._count(msg)
         self.turns_before = self.turns
 
     def close(self) -> None:
@@ -148,7 +148,7 @@ class Progress:
             atexit.unregister(self.close)
             live.stop()
 
-    def _fold(self, msg: Message) -> None:
+    def _count(self, msg: Message) -> None:
         self.log.add(msg)
 
     @property

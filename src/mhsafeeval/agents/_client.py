@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from mhsafeeval.config import CLIENT_STYLES
-from mhsafeeval.messages import ClientUtterance, Instruction, Usage
+from mhsafeeval.messages import ClientUtterance, Instruction, Usage, answers_of
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     CallParams,
@@ -153,7 +153,7 @@ class ClientAgent(TranscriptAgent):
     """
 
     role = "client"
-    outcomes = (ClientUtterance,)
+    outcomes = answers_of("client")
 
     def __init__(
         self,

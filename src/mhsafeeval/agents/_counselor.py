@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from mhsafeeval.messages import ClientUtterance, CounselorReply, Usage
+from mhsafeeval.messages import ClientUtterance, CounselorReply, Usage, answers_of
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelCallError, ModelClient
 
@@ -55,7 +55,7 @@ class CounselorAgent(TranscriptAgent):
     """
 
     role = "counselor"
-    outcomes = (CounselorReply,)
+    outcomes = answers_of("counselor")
 
     def __init__(
         self,

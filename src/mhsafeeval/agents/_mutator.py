@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mhsafeeval.messages import Directive, Instruction, Operator, Seed, Usage
+from mhsafeeval.messages import Directive, Instruction, Operator, Seed, Usage, answers_of
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
@@ -116,7 +116,7 @@ class MutatorAgent(TranscriptAgent):
     """
 
     role = "mutator"
-    outcomes = (Instruction,)
+    outcomes = answers_of("mutator")
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mhsafeeval.messages import Message, Refinement, RefinerNotes, Usage, Verdict
+from mhsafeeval.messages import Message, Refinement, RefinerNotes, Usage, Verdict, answers_of
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
@@ -64,7 +64,7 @@ class RefinerAgent(TranscriptAgent):
     :class:`~mhsafeeval.messages.RefinerNotes` with three to five notes (each at most 300
     characters; an answer out of bounds is re-asked, up to ``max_asks`` asks). Other verdicts
     get nothing. That rule is a :class:`~mhsafeeval.messages.Refinement`: pass the
-    controller's (``LoopSettings.refinement``) as ``refinement`` so the two cannot disagree.
+    controller's (``SearchRun.refinement``) as ``refinement`` so the two cannot disagree.
 
     The model sees the cell's ids, the committed context, the judge's reasoning with any
     score mention scrubbed, and the last ``keep`` notes for the cell in this conversation (so
@@ -95,7 +95,7 @@ class RefinerAgent(TranscriptAgent):
     """
 
     role = "refiner"
-    outcomes = (RefinerNotes,)
+    outcomes = answers_of("refiner")
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Usage,
     Verdict,
+    answers_of,
 )
 from mhsafeeval.runtime import Agent, on
 from mhsafeeval.runtime.providers import (
@@ -24,7 +25,6 @@ from mhsafeeval.runtime.providers import (
     ChatMessage,
     ModelCallError,
     ModelClient,
-    ModelSettings,
     Structured,
     StructuredOutputError,
     complete_structured,
@@ -109,7 +109,7 @@ class RubricJudge(Agent):
     """
 
     max_concurrent_handlers = 4  # tree search judges several simulations of a turn at once
-    outcomes = (Verdict, Unjudged)
+    outcomes = answers_of("judge")
 
     def __init__(
         self,
@@ -251,7 +251,6 @@ def verdict_fields(verdict: VerdictPayload, answer: Structured[VerdictPayload]) 
 
 def _sampling(model: ModelClient) -> CallParams:
     # Greedy by default; a temperature written in the model's settings is a deliberate choice.
-    settings = getattr(model, "settings", None)  # a ResilientClient's, or a wrapper's
-    if isinstance(settings, ModelSettings) and settings.temperature is not None:
+    if model.sampling.temperature is not None:
         return CallParams()
     return CallParams(temperature=0.0)

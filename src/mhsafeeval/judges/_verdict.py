@@ -112,7 +112,7 @@ _FOLD = str.maketrans(
 _QUOTE_EDGES = " \t\r\n\"'\u2018\u2019\u201c\u201d.\u2026"
 
 
-def _fold(text: str) -> str:
+def _normalized(text: str) -> str:
     # Case, runs of whitespace, curly quotes and the judge prompt's neutralised angle brackets
     # do not make a quote different from the reply it was copied from.
     return " ".join(text.translate(_FOLD).casefold().split())
@@ -156,18 +156,18 @@ def check_verdict(
         raise ValueError("label is empty: name what the reply did in a few words")
     if not reasoning:
         raise ValueError("reasoning is empty: explain the severity against the ladder")
-    haystack, said = _fold(reply_text), _fold(utterance)
+    haystack, said = _normalized(reply_text), _normalized(utterance)
     kept: list[str] = []
     seen: set[str] = set()
     for item in payload.evidence:
         omission = OMISSION.match(item)
         if omission:
-            what, quote = omission["what"].strip(), _fold(_trim(omission["quote"].strip()))
+            what, quote = omission["what"].strip(), _normalized(_trim(omission["quote"].strip()))
             ok = bool(what) and bool(quote) and quote in said
-            item, folded = item.strip(), _fold(item)
+            item, folded = item.strip(), _normalized(item)
         else:
             item = _trim(item)
-            folded = _fold(item)
+            folded = _normalized(item)
             ok = bool(folded) and folded in haystack
         if ok and folded not in seen and len(kept) < MAX_EVIDENCE:
             seen.add(folded)

@@ -19,7 +19,12 @@ Handler = Callable[[Any, Message], Awaitable[None] | None]
 
 
 class AgentId(NamedTuple):
-    """An agent instance: its registered type name and its key (a conversation id, or "")."""
+    """An agent instance: its registered type name and its key (a conversation id, or "").
+
+    Example:
+        >>> str(AgentId("judge", "c1/bot/grief-widower/0")), str(AgentId("controller"))
+        ('judge[c1/bot/grief-widower/0]', 'controller')
+    """
 
     type: str
     key: str = ""
@@ -66,6 +71,25 @@ class Agent:
 
     A handler that raises becomes a ``HandlerFailed`` event and cancels only that message's
     conversation; cancellation itself always propagates.
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.runtime import Runtime
+        >>> class Shout(Message, frozen=True, tag="doc.shout"):
+        ...     text: str
+        >>> class Echo(Agent):
+        ...     heard: list[str] = []
+        ...     @on(Shout)
+        ...     def hear(self, msg: Shout) -> None:
+        ...         Echo.heard.append(msg.text.upper())
+        >>> async def main() -> list[str]:
+        ...     async with Runtime() as rt:
+        ...         rt.register("echo", Echo)
+        ...         rt.publish(Shout(conversation="c1", text="hello"))
+        ...         await rt.run_until_idle()
+        ...     return Echo.heard
+        >>> anyio.run(main)
+        ['HELLO']
     """
 
     max_concurrent_handlers: ClassVar[int] = 1

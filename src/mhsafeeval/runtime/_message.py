@@ -100,7 +100,20 @@ def message_id(
 
 
 class HandlerFailed(Message, frozen=True, tag="runtime.handler_failed"):
-    """A handler raised: the runtime records it and cancels that conversation's remaining work."""
+    """A handler raised: the runtime records it and cancels that conversation's remaining work.
+
+    Observers (the event store, a scheduler) receive it like any message; the conversation it
+    names gets no more deliveries.
+
+    Example:
+        >>> failed = HandlerFailed(
+        ...     conversation="c1", agent="judge[c1]", handler="judge",
+        ...     message_type="counselor.reply", message_id="ab12",
+        ...     error_type="ValueError", error="no verdict",
+        ... )
+        >>> failed.tag, f"{failed.agent}: {failed.error_type}: {failed.error}"
+        ('runtime.handler_failed', 'judge[c1]: ValueError: no verdict')
+    """
 
     agent: str
     handler: str

@@ -1,70 +1,40 @@
-"""Search: the pure MAP-Elites archive and the controllers that steer each conversation.
+"""Search: the controllers that steer each conversation, and the pure cores they keep.
 
-Controllers are plugins registered by name (``@controller("map-elites")``) and found through the
-``mhsafeeval.controllers`` entry-point group too. A factory takes ``(cells, settings)`` and returns
-an Agent that handles judge events and publishes directives.
+Controllers are plugins declared by name with their options (``@controller("uct",
+options=UCTOptions, uses_refiner=False)``) and found through the ``mhsafeeval.controllers``
+entry-point group too. ``CONTROLLERS.get(name)`` is the :class:`ControllerSpec`; the campaign
+decodes ``[search]`` with :func:`controller_options` and builds the controller as
+``spec.factory(cells, run, options)`` (a :class:`SearchRun` and that options struct). The
+contract a controller fulfils is :class:`SearchController`.
+
+The pure cores stay importable from their modules: :mod:`mhsafeeval.search.archive` (the
+MAP-Elites archive), :mod:`mhsafeeval.search.uct` (the UCT tree) and
+:mod:`mhsafeeval.search.rng` (the seeded random streams every controller draws from).
 """
 
-from collections.abc import Callable, Iterable
-from typing import TypeVar
-
-from mhsafeeval.runtime import Agent, Registry
-
-from ._controller import (
-    LoopSettings,
-    MapElitesController,
-    RandomController,
-    SingleTurnController,
-    TurnController,
-)
+from ._controller import MapElitesController, RandomController, SingleTurnController, TurnController
 from ._protocol import SearchController, SearchControllerFactory
-from ._uct_controller import UCTController
-from .archive import OPERATOR_WEIGHTS, CellId, Elite, HarmArchive, Plan, operator_weights
-from .rng import derive_rng, derive_seed
-from .uct import Action, ActionStats, NodeId, Path, Sample, UCTSettings, UCTTree, reward
+from ._registry import CONTROLLERS, ControllerSpec, controller, controller_options
+from ._types import NoOptions, SearchRun
+from ._uct_controller import UCTController, UCTOptions
+from .archive import CellId, HarmArchive, Plan
 
 __all__ = [
     "CONTROLLERS",
-    "OPERATOR_WEIGHTS",
-    "Action",
-    "ActionStats",
     "CellId",
-    "ControllerFactory",
-    "Elite",
+    "ControllerSpec",
     "HarmArchive",
-    "LoopSettings",
     "MapElitesController",
-    "NodeId",
-    "Path",
+    "NoOptions",
     "Plan",
     "RandomController",
-    "Sample",
     "SearchController",
     "SearchControllerFactory",
+    "SearchRun",
     "SingleTurnController",
     "TurnController",
     "UCTController",
-    "UCTSettings",
-    "UCTTree",
+    "UCTOptions",
     "controller",
-    "derive_rng",
-    "derive_seed",
-    "operator_weights",
-    "reward",
+    "controller_options",
 ]
-
-ControllerFactory = Callable[[Iterable[CellId], LoopSettings], Agent]
-F = TypeVar("F", bound=ControllerFactory)
-
-CONTROLLERS: Registry[ControllerFactory] = Registry("controller", "mhsafeeval.controllers")
-
-
-def controller(name: str, *, replace: bool = False) -> Callable[[F], F]:
-    """Register a search controller factory ``(cells, settings) -> Agent`` under ``name``."""
-    return CONTROLLERS.register(name, replace=replace)  # type: ignore[return-value]
-
-
-controller("map-elites")(MapElitesController)
-controller("random")(RandomController)
-controller("single-turn")(SingleTurnController)
-controller("uct")(UCTController)

@@ -4,6 +4,7 @@ offering judged replies to the archive, and ending conversations."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 from mhsafeeval.messages import (
     ArchiveUpdated,
@@ -39,9 +40,7 @@ class AttemptTexts:
 class ArchiveController(Agent):
     """Base of the shipped controllers: one :class:`HarmArchive` per counselor model."""
 
-    name = "base"
-    uses_refiner = True
-    """Whether the campaign should run a refiner for this controller."""
+    name: ClassVar[str] = "base"
 
     def __init__(self, cells: Iterable[CellId], threshold: int) -> None:
         super().__init__()

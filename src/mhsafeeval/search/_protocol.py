@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from mhsafeeval.messages import Message
+from mhsafeeval.runtime import Agent
 
-from ._controller import LoopSettings
+from ._types import SearchRun
 from .archive import CellId
 
 __all__ = ["SearchController", "SearchControllerFactory"]
@@ -31,32 +32,54 @@ class SearchController(Protocol):
     * exactly one ``ConversationFinished`` (status ``completed`` or ``failed``);
     * optionally ``SearchStats`` for inspection.
 
-    Class attributes: ``name`` (its registered name) and ``uses_refiner`` (whether the
-    campaign should run the refiner, whose notes it then expects below the threshold).
+    It is declared with :func:`~mhsafeeval.search.controller`: its name, its options (a
+    msgspec Struct that the ``[search]`` table decodes to, checked by ``mhsafeeval check``
+    with the file and key path of any mistake), whether it uses a refiner (the campaign then
+    runs one, and the controller waits for its notes after exactly the verdicts that
+    :attr:`SearchRun.refinement <mhsafeeval.search.SearchRun.refinement>` says get them), and
+    how many attempts a turn makes. The campaign builds it as ``factory(cells, run, options)``:
+    the taxonomy's cells, the :class:`~mhsafeeval.search.SearchRun` every controller shares
+    (seed, ``max_attempts``, ``threshold``, ablations) and its own options.
 
     To be resumable it must be a deterministic fold over what it consumes: synchronous
     handlers only, no clock, and randomness drawn from
-    :func:`~mhsafeeval.search.rng.derive_rng` (seeded by the campaign seed and message
+    :func:`~mhsafeeval.search.rng.derive_rng` (seeded by ``run.seed`` and message
     coordinates) or from generators that are themselves folded. A resumed run then rebuilds it
     by replaying the stored messages in stored order (its archive, notes, trees and RNG draws
     come back as they were) and drops what it publishes again that is already stored.
 
     Example:
-        >>> from mhsafeeval.search import MapElitesController, controller
-        >>> @controller("always-blaming")
-        ... class AlwaysBlaming(MapElitesController):
-        ...     '''Every turn targets blaming x enabler with a fresh instruction.'''
-        ...     name = "always-blaming"
+        >>> import msgspec
+        >>> from mhsafeeval.search import (
+        ...     CONTROLLERS, MapElitesController, Plan, SearchRun, controller, controller_options
+        ... )
+        >>> class OneCategory(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+        ...     category: str = "blaming"
+        >>> @controller("one-category", options=OneCategory)
+        ... class OneCategoryController(MapElitesController):
+        ...     '''Every turn targets ``[search] category`` x enabler with a fresh instruction.'''
+        ...     name = "one-category"
+        ...     def __init__(self, cells, run=None, options=None):
+        ...         super().__init__(cells, run)
+        ...         self.category = (options or OneCategory()).category
         ...     def plan_turn(self, archive, rng):
-        ...         from mhsafeeval.search import Plan
-        ...         return Plan(category="blaming", role="enabler", operator="fresh")
+        ...         return Plan(category=self.category, role="enabler", operator="fresh")
+        >>> spec = CONTROLLERS.get("one-category")
+        >>> options = controller_options("one-category", {"category": "gaslighting"})
+        >>> ctl = spec.factory([("gaslighting", "enabler")], SearchRun(seed=1), options)
+        >>> spec.uses_refiner, ctl.category
+        (True, 'gaslighting')
+        >>> controller_options("one-category", {"categroy": "toxic"}, "c.toml")
+        Traceback (most recent call last):
+        ...
+        mhsafeeval.errors.InputError: c.toml: search.categroy: unknown field
 
-    Third-party controllers register through the ``mhsafeeval.controllers`` entry-point group;
-    ``mhsafeeval run CONFIG --controller NAME`` or ``campaign.controller`` selects one.
+    Third-party controllers register through the ``mhsafeeval.controllers`` entry-point group
+    (naming the decorated factory); ``mhsafeeval run CONFIG --controller NAME`` or
+    ``campaign.controller`` selects one.
     """
 
     name: ClassVar[str]
-    uses_refiner: ClassVar[bool]
 
     @classmethod
     def handled_types(cls) -> tuple[type[Message], ...]:
@@ -65,8 +88,9 @@ class SearchController(Protocol):
 
 
 class SearchControllerFactory(Protocol):
-    """``factory(cells, settings)``: usually the controller class itself."""
+    """``factory(cells, run, options)``: usually the controller class itself."""
 
-    def __call__(self, cells: Iterable[CellId], settings: LoopSettings) -> SearchController:
-        """Build the controller for a campaign's cells and loop settings."""
+    def __call__(self, cells: Iterable[CellId], run: SearchRun, options: Any) -> Agent:
+        """Build the controller (an Agent that is a :class:`SearchController`) for a
+        campaign's cells, its run facts and its own options."""
         ...

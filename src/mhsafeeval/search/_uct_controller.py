@@ -1,32 +1,35 @@
 """The UCT controller: plans each turn by Monte Carlo tree search against the counselor.
 
-Each turn runs ``simulations`` (default 20) simulations, up to ``in_flight`` (default 4) at a
-time. A simulation is one attempt of the turn (attempt number = simulation number): the tree
-picks an action (target cell x operator), the mutator and client turn it into an utterance, the
-counselor answers, the judge scores the reply and the reward is backed up. Every judged reply
-is offered to the counselor model's archive. Outcomes are applied in simulation order, and
-simulation n + ``in_flight`` starts once simulation n's is applied: a reply that arrives early
-waits (still counted in flight) for the earlier ones. So the search depends on the replies, never
-on their arrival order: with one conversation at a time a campaign's search is the same run to
-run, and a resumed run makes the same decisions. When the budget is spent (or, with ``early_stop``,
-at the first success) the turn commits the **best action's most severe reply**: the best action
-is the root action with the highest mean reward (ties: more visits, then prior); among its
-sampled replies the one with the highest reward (judged before unjudged), because a red-team
-conversation continues from the strongest failure it found. The tree is then re-rooted at that
-reply for the next turn, keeping its statistics. Tree statistics, with the campaign's
-``threshold`` and whether the turn has had a ``success`` under it (1.0 or 0.0), are published as
-:class:`~mhsafeeval.messages.SearchStats` after every simulation, so a run can be inspected.
-Success is a judged severity at or above the campaign's threshold (``[campaign] threshold``)
-everywhere here: a reply below it earns reward 0, counts as a failed try in the learned rates,
-does not stop the turn early and does not make the turn a success.
+Its options are :class:`UCTOptions` (the ``[search]`` table). Each turn runs ``simulations``
+(default 20) simulations, up to ``in_flight`` (default 4) at a time. A simulation is one attempt of
+the turn (attempt number = simulation number): the tree picks an action (target cell x operator),
+the mutator and client turn it into an utterance, the counselor answers, the judge scores the reply
+and the reward is backed up. Every judged reply is offered to the counselor model's archive.
+Outcomes are applied in simulation order, and simulation n + ``in_flight`` starts once simulation
+n's is applied: a reply that arrives early waits (still counted in flight) for the earlier ones. So
+the search depends on the replies, never on their arrival order: with one conversation at a time a
+campaign's search is the same run to run, and a resumed run makes the same decisions. When the
+budget is spent (or, with ``early_stop``, at the first success) the turn commits the **best
+action's most severe reply**: the best action is the root action with the highest mean reward
+(ties: more visits, then prior); among its sampled replies the one with the highest reward (judged
+before unjudged), because a red-team conversation continues from the strongest failure it found.
+The tree is then re-rooted at that reply for the next turn, keeping its statistics. Tree
+statistics, with the campaign's ``threshold`` and whether the turn has had a ``success`` under it
+(1.0 or 0.0), are published as :class:`~mhsafeeval.messages.SearchStats` after every simulation, so
+a run can be inspected. Success is a judged severity at or above the campaign's threshold
+(``[campaign] threshold``) everywhere here: a reply below it earns reward 0, counts as a failed try
+in the learned rates, does not stop the turn early and does not make the turn a success.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from random import Random
+from typing import Annotated
 
+import msgspec
 import structlog
+from msgspec import Meta
 
 from mhsafeeval.messages import (
     CallFailed,
@@ -43,21 +46,45 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime import on
 
 from ._base import ArchiveController, AttemptTexts
-from ._controller import LoopSettings, unanswered
+from ._controller import unanswered
+from ._types import SearchRun
 from .archive import CellId
 from .rng import derive_rng
-from .uct import Action, Path, UCTSettings, UCTTree, reward
+from .uct import Action, TreePath, UCTSettings, UCTTree, reward
 
-__all__ = ["UCTController"]
+__all__ = ["UCTController", "UCTOptions"]
+
 
 log = structlog.get_logger("mhsafeeval.search.uct")
 _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "crossover", "vary")
 
 
+class UCTOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The uct controller's options: the ``[search]`` table (bounds refuse typos such as an
+    extra zero at ``check``)."""
+
+    simulations: Annotated[int, Meta(ge=1, le=10_000)] = 20
+    """Simulations (counselor calls) per turn."""
+    in_flight: Annotated[int, Meta(ge=1, le=1024)] = 4
+    """Simulations of one conversation running at once."""
+    samples_per_action: Annotated[int, Meta(ge=1, le=100)] = 2
+    """Replies kept per (cell x operator) move: the counselor is stochastic."""
+    exploration: Annotated[float, Meta(ge=0, le=1000)] = 1.0
+    """The PUCT exploration constant."""
+    empty_bonus: Annotated[float, Meta(ge=0, le=1)] = 0.2
+    """Reward added for a success in a cell the archive has not filled."""
+    early_stop: bool = False
+    """Commit the turn at its first success instead of spending every simulation."""
+
+    def turn_attempts(self, run: SearchRun) -> tuple[int, int]:
+        """The fewest and most attempts of a turn: every simulation is one."""
+        return self.simulations, self.simulations
+
+
 class _Sim(AttemptTexts):
     __slots__ = ("action", "attempt", "key", "move", "outcome", "path")
 
-    def __init__(self, path: Path, attempt: int) -> None:
+    def __init__(self, path: TreePath, attempt: int) -> None:
         action = path.action
         super().__init__(action.operator)
         self.path = path
@@ -105,14 +132,18 @@ class UCTController(ArchiveController):
     """Monte Carlo tree search over client moves; see the module docstring for the contract."""
 
     name = "uct"
-    uses_refiner = False  # simulations are not retried: the tree decides what to try next
 
-    def __init__(self, cells: Iterable[CellId], settings: LoopSettings | None = None) -> None:
-        settings = settings or LoopSettings()
-        super().__init__(cells, settings.threshold)
-        self.settings = settings
+    def __init__(
+        self,
+        cells: Iterable[CellId],
+        run: SearchRun | None = None,
+        options: UCTOptions | None = None,
+    ) -> None:
+        self.run = run or SearchRun()
+        self.options = options or UCTOptions()
+        super().__init__(cells, self.run.threshold)
         self.tree_settings = UCTSettings(
-            c=settings.exploration, samples=settings.samples_per_action
+            c=self.options.exploration, samples=self.options.samples_per_action
         )
         self._convs: dict[str, _Conv] = {}
         # Per model: [wins, tries] by category, role, cell and move, over judged simulations.
@@ -169,13 +200,13 @@ class UCTController(ArchiveController):
             wins, tries = levels.get(key, none)
             return (wins + towards) / (tries + flight.get(key, 0) + 1)
 
-        worth = reward(self.settings.threshold, threshold=self.settings.threshold, cell_empty=False)
+        worth = reward(self.run.threshold, threshold=self.run.threshold, cell_empty=False)
         out = []
         for cell in self.cells:
             category, role = cell
             base = (2 * smooth(("category", category), 0.5) + smooth(("role", role), 0.5)) / 3
             p_cell = smooth(cell, base)
-            empty = self.settings.empty_bonus if not archive.is_filled(cell) else 0.0
+            empty = self.options.empty_bonus if not archive.is_filled(cell) else 0.0
             for op in _OPERATORS:
                 if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
                     continue
@@ -190,7 +221,7 @@ class UCTController(ArchiveController):
         self._launch(source, conv)
 
     def _launch(self, source: Message, conv: _Conv) -> None:
-        s = self.settings
+        s, run = self.options, self.run
         exhausted = False
         while (
             conv.started < s.simulations
@@ -206,7 +237,7 @@ class UCTController(ArchiveController):
             conv.started += 1
             sim = conv.sims[attempt] = _Sim(path, attempt)
             action = sim.action
-            rng = derive_rng(s.seed, source.conversation, conv.turn, attempt, "uct")
+            rng = derive_rng(run.seed, source.conversation, conv.turn, attempt, "uct")
             sim.operator, seeds = self._seeds(conv, action, rng)
             sim.move = sim.operator
             self._fly(conv, sim, +1)
@@ -221,7 +252,7 @@ class UCTController(ArchiveController):
                     role=action.role,
                     operator=sim.operator,
                     seeds=seeds,
-                    role_conditioning=s.role_conditioning,
+                    role_conditioning=run.role_conditioning,
                     controller=self.name,
                 )
             )
@@ -232,7 +263,7 @@ class UCTController(ArchiveController):
     def _wins(self, severity: int) -> bool:
         # The campaign's threshold is the one definition of success: in the reward, the learned
         # rates, early stop, the commit's ``success`` and the published statistics.
-        return severity >= self.settings.threshold
+        return severity >= self.run.threshold
 
     def _succeeded(self, conv: _Conv) -> bool:
         return any(self._wins(v) for v in self._severities(conv))
@@ -289,7 +320,7 @@ class UCTController(ArchiveController):
                 counselor_calls=sum(x.reply is not None for x in conv.sims.values()),
             )
         )
-        if conv.turn + 1 < (1 if self.settings.single_turn else conv.max_turns):
+        if conv.turn + 1 < (1 if self.run.single_turn else conv.max_turns):
             conv.tree = conv.tree.reroot(action, sample.node[-1])
             conv.turn += 1
             self._new_turn(source, conv)
@@ -314,7 +345,7 @@ class UCTController(ArchiveController):
 
     @on(ConversationStarted)
     def started(self, msg: ConversationStarted) -> None:
-        rng = derive_rng(self.settings.seed, msg.conversation, "tree")
+        rng = derive_rng(self.run.seed, msg.conversation, "tree")
         conv = _Conv(
             msg.campaign,
             msg.counselor_model,
@@ -353,9 +384,9 @@ class UCTController(ArchiveController):
             empty = cell in self._cell_set and not archive.is_filled(cell)
             value = reward(
                 msg.severity,
-                threshold=self.settings.threshold,
+                threshold=self.run.threshold,
                 cell_empty=empty,
-                empty_bonus=self.settings.empty_bonus,
+                empty_bonus=self.options.empty_bonus,
             )
             conv.tree.backup(sim.path, value, key=sim.key)
             win = self._wins(msg.severity)
@@ -377,7 +408,7 @@ class UCTController(ArchiveController):
                 controller=self.name,
                 stats={
                     **conv.tree.stats(),
-                    "threshold": float(self.settings.threshold),
+                    "threshold": float(self.run.threshold),
                     "success": float(self._succeeded(conv)),
                 },
             )

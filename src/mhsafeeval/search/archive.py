@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from random import Random
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
@@ -57,20 +57,6 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     role: str
     operator: Operator
     seeds: tuple[Elite, ...] = ()
-
-    @property
-    def seed_ids(self) -> tuple[str, ...]:
-        """The verdict ids of the seeds (what a ``Directive`` carries as ``seed_elites``)."""
-        return tuple(seed.verdict_id for seed in self.seeds)
-
-
-class _Snapshot(msgspec.Struct, forbid_unknown_fields=True):
-    version: int
-    threshold: int
-    elites: list[Elite]
-
-
-_SNAPSHOT_VERSION: Final = 1
 
 
 def operator_weights(coverage: float, filled: int) -> dict[Operator, float]:
@@ -183,23 +169,6 @@ class HarmArchive:
         archive = cls(cells, threshold=threshold)
         archive.fold(elites)
         return archive
-
-    def snapshot(self) -> dict[str, Any]:
-        """The archive's state as plain data (``msgspec.json.encode`` can write it)."""
-        state = _Snapshot(_SNAPSHOT_VERSION, self._threshold, self.elites(filled_only=False))
-        result: dict[str, Any] = msgspec.to_builtins(state)
-        return result
-
-    @classmethod
-    def restore(cls, cells: Iterable[CellId], snapshot: Mapping[str, Any]) -> HarmArchive:
-        """An archive over ``cells`` rebuilt from :meth:`snapshot` output.
-
-        A malformed snapshot, another version or an unknown cell is a ``ValueError``.
-        """
-        state = msgspec.convert(snapshot, _Snapshot)
-        if state.version != _SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported archive snapshot version {state.version}")
-        return cls.replay(cells, state.elites, threshold=state.threshold)
 
     def pick_target(self, rng: Random) -> CellId:
         """Uniformly an empty cell while any is left, else uniformly any cell."""

@@ -32,15 +32,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from random import Random
-from typing import Any, Final
 
 import msgspec
 
 from mhsafeeval.messages import Operator
 
-__all__ = ["Action", "ActionStats", "NodeId", "Path", "Sample", "UCTSettings", "UCTTree", "reward"]
+__all__ = [
+    "Action",
+    "ActionStats",
+    "NodeId",
+    "Sample",
+    "TreePath",
+    "UCTSettings",
+    "UCTTree",
+    "reward",
+]
 
 NodeId = tuple[int, ...]
 """A node's place: indices from the root. ``()`` is the root, ``(i,)`` its action ``i`` (a
@@ -94,7 +102,7 @@ class UCTSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError(f"invalid UCT settings: {self!r}")
 
 
-class Path(msgspec.Struct, frozen=True):
+class TreePath(msgspec.Struct, frozen=True):
     """One simulation from :meth:`UCTTree.select` (hand this same object back): the root
     ``action`` to sample now, at node ``node``; ``ticket`` tells simulations apart."""
 
@@ -143,15 +151,6 @@ class _Chance(msgspec.Struct, kw_only=True):
     samples: list[_Node] = []
 
 
-class _Snapshot(msgspec.Struct, forbid_unknown_fields=True):
-    version: int
-    settings: UCTSettings
-    root: _Node
-
-
-_SNAPSHOT_VERSION: Final = 1
-
-
 def _mean(node: _Node | _Chance) -> float:
     return node.value / node.visits if node.visits else 0.0
 
@@ -171,7 +170,7 @@ class UCTTree:
         self._root = _Node()
         self._flight: Counter[NodeId] = Counter()  # in-flight simulations: the root, each action
         self._pending: Counter[NodeId] = Counter()  # in-flight new samples of each action
-        self._paths: dict[int, Path] = {}
+        self._paths: dict[int, TreePath] = {}
         self._tickets = 0
 
     def expand(self, candidates: Iterable[tuple[Action, float]]) -> None:
@@ -231,14 +230,14 @@ class UCTTree:
         """The keys of the root actions' samples (the replies a commit can choose from)."""
         return [s.key for ch in self._root.children or [] for s in ch.samples]
 
-    def select(self) -> Path | None:
+    def select(self) -> TreePath | None:
         """The next simulation, marked in flight; None if none can run now (root not expanded,
         or every action used up or waiting for in-flight simulations)."""
         if not self._node_open(self._root):
             return None
         index = self._pick_action(self._root)
         chance, cid = (self._root.children or [])[index], (index,)
-        path = Path(cid, chance.action, self._tickets)
+        path = TreePath(cid, chance.action, self._tickets)
         self._tickets += 1
         self._paths[path.ticket] = path
         self._flight[()] += 1
@@ -246,7 +245,9 @@ class UCTTree:
         self._pending[cid] += 1
         return path
 
-    def backup(self, path: Path, reward: float, *, key: str = "", unjudged: bool = False) -> NodeId:
+    def backup(
+        self, path: TreePath, reward: float, *, key: str = "", unjudged: bool = False
+    ) -> NodeId:
         """Record the simulation's new sample and add ``reward`` (in [0, 1]) to its action and
         the root.
 
@@ -266,7 +267,7 @@ class UCTTree:
             node.value += value
         return (*path.node, len(chance.samples) - 1)
 
-    def abandon(self, path: Path) -> None:
+    def abandon(self, path: TreePath) -> None:
         """Forget a failed or cancelled simulation: only its in-flight marks change."""
         self._release(path)
 
@@ -320,25 +321,6 @@ class UCTTree:
             "unjudged": float(sum(s.unjudged for s in samples)),
         }
 
-    def snapshot(self) -> dict[str, Any]:
-        """The tree as plain data (``msgspec.json.encode`` can write it). Nothing in flight is
-        kept, and the RNG is the caller's to restore (e.g. ``derive_rng`` again)."""
-        state = _Snapshot(_SNAPSHOT_VERSION, self._cfg, self._root)
-        result: dict[str, Any] = msgspec.to_builtins(state)
-        return result
-
-    @classmethod
-    def restore(cls, snapshot: Mapping[str, Any], rng: Random) -> UCTTree:
-        """A tree rebuilt from :meth:`snapshot` output; a malformed one is a ``ValueError``."""
-        state = msgspec.convert(snapshot, _Snapshot)  # ValidationError is a ValueError
-        if state.version != _SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported UCT snapshot version {state.version}")
-        if any(s.children is not None for ch in state.root.children or [] for s in ch.samples):
-            raise ValueError("the UCT snapshot holds a lookahead below a sampled reply")
-        tree = cls(rng, state.settings)
-        tree._root = state.root
-        return tree
-
     # -- internals -------------------------------------------------------------------------------
 
     def _root_index(self, action: Action) -> int:
@@ -347,7 +329,7 @@ class UCTTree:
             raise ValueError(f"{action} is not a root action")
         return found[0]
 
-    def _release(self, path: Path) -> None:
+    def _release(self, path: TreePath) -> None:
         if self._paths.get(path.ticket) is not path:
             raise ValueError("path is not in flight in this tree (backed up or abandoned?)")
         del self._paths[path.ticket]

@@ -4,6 +4,9 @@ All campaign state is a fold over stored events (see :class:`EventStore`). Two s
 :class:`SqliteEventStore` (a file; asyncio only) and :class:`MemoryEventStore` (no I/O; tests).
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from ._log import AttemptFacts, CampaignLog, ConversationFacts, Outcome, RaterFacts, TurnRow
 from ._memory import MemoryEventStore
 from ._metrics import (
@@ -28,7 +31,9 @@ from ._protocol import (
     StoredEvent,
     StoreStats,
 )
-from ._sqlite import SqliteEventStore
+
+if _TYPE_CHECKING:
+    from ._sqlite import SqliteEventStore
 
 __all__ = [
     "ASR_AT",
@@ -58,3 +63,12 @@ __all__ = [
     "metrics_of",
     "panel_vote",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    # aiosqlite is imported when the SQLite store is first asked for, not by every import.
+    if name == "SqliteEventStore":
+        from ._sqlite import SqliteEventStore
+
+        return SqliteEventStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

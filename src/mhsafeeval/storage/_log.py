@@ -352,12 +352,6 @@ class CampaignLog:
         )
         return rows + [TurnRow(a, counts=not a.lookahead, own=True) for a in mine]
 
-    def turn_status(self, turn: TurnKey) -> tuple[bool, bool]:
-        """``(judged, success)`` of a committed turn at the campaign's threshold."""
-        if turn in self._dirty or turn not in self._status:
-            self._refresh(turn)
-        return self._status[turn]
-
     def headline(self, model: str) -> tuple[int, int, float | None, float]:
         """Live figures of one counselor model: ``(turns, judged turns, ASR, coverage)``,
         the same definitions as the report's (kept up to date as events arrive)."""

@@ -36,6 +36,16 @@ class MemoryEventStore:
     Args:
         page_size: Events yielded between checkpoints by :meth:`events`.
         clock: Source of ``recorded_at``/``created_at`` (Unix seconds).
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.messages import ConversationFinished
+        >>> async def main() -> list[str]:
+        ...     async with MemoryEventStore() as store:
+        ...         await store.append(ConversationFinished(campaign="c", turns=2))
+        ...         return [e.type async for e in store.events("c")]
+        >>> anyio.run(main)
+        ['conversation.finished']
     """
 
     def __init__(self, *, page_size: int = 500, clock: Callable[[], float] = time.time) -> None:

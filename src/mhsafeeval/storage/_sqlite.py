@@ -85,6 +85,19 @@ class SqliteEventStore:
         max_pending: Queued events at which :meth:`append` waits for the writer.
         page_size: Rows fetched per query by :meth:`events` and :meth:`event_ids`.
         clock: Source of ``recorded_at``/``created_at`` (Unix seconds).
+
+    Example:
+        >>> import tempfile, anyio
+        >>> from pathlib import Path
+        >>> from mhsafeeval.messages import ConversationFinished
+        >>> async def main(db: Path) -> int:
+        ...     async with SqliteEventStore(db) as store:
+        ...         await store.append(ConversationFinished(campaign="c", turns=2))
+        ...     async with SqliteEventStore(db, read_only=True) as store:  # stored for good
+        ...         return await store.count("c")
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     anyio.run(main, Path(folder) / "run.db", backend="asyncio")
+        1
     """
 
     def __init__(

@@ -7,12 +7,14 @@ opened.
 
 from ._registry import (
     ProviderFactory,
+    ProviderInfo,
     available_providers,
     open_model,
     provider,
+    provider_info,
     resolve_provider,
 )
-from ._resilient import CallStats, ResilientClient
+from ._resilient import CallStats, Connections, ResilientClient
 from ._structured import (
     Structured,
     StructuredOutputError,
@@ -38,12 +40,14 @@ __all__ = [
     "CallStats",
     "ChatMessage",
     "Completion",
+    "Connections",
     "ModelCallError",
     "ModelClient",
     "ModelSettings",
     "PermanentProviderError",
     "ProviderError",
     "ProviderFactory",
+    "ProviderInfo",
     "ProviderUnavailable",
     "ResilientClient",
     "Structured",
@@ -55,5 +59,6 @@ __all__ = [
     "extract_json",
     "open_model",
     "provider",
+    "provider_info",
     "resolve_provider",
 ]

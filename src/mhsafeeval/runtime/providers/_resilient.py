@@ -12,7 +12,7 @@ import structlog
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
 )
 
@@ -27,7 +27,7 @@ from ._types import (
     TransientProviderError,
 )
 
-__all__ = ["CallStats", "ResilientClient"]
+__all__ = ["CallStats", "Connections", "ResilientClient"]
 
 log = structlog.get_logger("mhsafeeval.providers")
 
@@ -46,14 +46,55 @@ class CallStats(msgspec.Struct):
     retry_wait_s: float = 0.0
 
 
+class Connections:
+    """Concurrency limits shared by every client opened with it, one per endpoint.
+
+    A composition root that opens many models makes one and passes it to each
+    :func:`~mhsafeeval.runtime.providers.open_model`: clients whose providers report the same
+    :attr:`~mhsafeeval.runtime.providers.ModelClient.connection_key` (two model tables on one
+    server that differ only in temperature, say) share one :class:`anyio.CapacityLimiter`.
+    Each table's ``max_concurrency`` says how many calls its endpoint takes; the shared limit
+    is the largest of them.
+
+    Example:
+        >>> from mhsafeeval.runtime.providers import ModelSettings, open_model
+        >>> shared = Connections()
+        >>> a = open_model(ModelSettings(provider="scripted/echo"), connections=shared)
+        >>> b = open_model(
+        ...     ModelSettings(provider="scripted/echo", temperature=1.0, max_concurrency=8),
+        ...     connections=shared,
+        ... )
+        >>> a.limiter is b.limiter, a.limiter.total_tokens
+        (True, 8)
+    """
+
+    def __init__(self) -> None:
+        self._limiters: dict[str, anyio.CapacityLimiter] = {}
+
+    def limiter(self, key: str, size: int) -> anyio.CapacityLimiter:
+        """The limit of endpoint ``key``, widened to ``size`` if it is narrower."""
+        limiter = self._limiters.get(key)
+        if limiter is None:
+            limiter = self._limiters[key] = anyio.CapacityLimiter(size)
+        elif limiter.total_tokens < size:
+            limiter.total_tokens = size
+        return limiter
+
+    def keys(self) -> list[str]:
+        """The endpoints with a limit, in the order they were first opened."""
+        return list(self._limiters)
+
+
 class ResilientClient:
     """Wraps a provider's :class:`ModelClient` with the policies every call needs.
 
-    * one :class:`anyio.CapacityLimiter` per model, held only while a request is in flight
-      (not while backing off), so a rate-limited model does not block its own retries;
+    * an :class:`anyio.CapacityLimiter` (its own, or one its endpoint shares through
+      :class:`Connections`), held only while a request is in flight (not while backing off),
+      so a rate-limited model does not block its own retries;
     * a deadline (``settings.timeout``) on every attempt;
-    * up to ``settings.max_attempts`` attempts on :class:`TransientProviderError` (timeouts
-      included), waiting full-jitter exponential backoff, or at least the provider's
+    * up to ``settings.max_attempts`` attempts on the errors the provider says are worth
+      retrying (:meth:`ModelClient.should_retry`; built-ins: :class:`TransientProviderError`,
+      timeouts included), waiting full-jitter exponential backoff, or at least the provider's
       Retry-After (capped at ``settings.max_retry_after``);
     * a final failure raises :class:`ModelCallError`; cancellation always propagates;
     * a :class:`PermanentProviderError` (the provider's word that retrying cannot help) is
@@ -72,13 +113,14 @@ class ResilientClient:
         inner: ModelClient,
         settings: ModelSettings,
         *,
+        limiter: anyio.CapacityLimiter | None = None,
         sleep: Sleep | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.inner = inner
         self.settings = settings
         self.name = inner.name
-        self.limiter = anyio.CapacityLimiter(settings.max_concurrency)
+        self.limiter = limiter or anyio.CapacityLimiter(settings.max_concurrency)
         self.stats = CallStats()
         self._sleep: Sleep = sleep or anyio.sleep
         self._rng = rng or random.Random()
@@ -90,6 +132,29 @@ class ResilientClient:
     def supports_json_schema(self) -> bool:
         """The provider's, read live: a provider may learn that its server refuses schemas."""
         return self.inner.supports_json_schema
+
+    @property
+    def sampling(self) -> CallParams:
+        """The model table's sampling parameters, applied where a call leaves them ``None``."""
+        return self.settings.sampling
+
+    @property
+    def connection_key(self) -> str:
+        """The provider's."""
+        return self.inner.connection_key
+
+    def should_retry(self, error: Exception) -> bool:
+        """A final :class:`ModelCallError` says itself; anything else, the provider."""
+        if isinstance(error, ModelCallError):
+            return error.retryable
+        return self.inner.should_retry(error)
+
+    def price(self, completion: Completion) -> float | None:
+        """The provider's price."""
+        return self.inner.price(completion)
+
+    def _retryable(self, error: BaseException) -> bool:
+        return isinstance(error, Exception) and self.inner.should_retry(error)
 
     def _defaults(self, params: CallParams | None) -> CallParams:
         s = self.settings
@@ -169,7 +234,7 @@ class ResilientClient:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.settings.max_attempts),
             wait=self._wait,
-            retry=retry_if_exception_type(TransientProviderError),
+            retry=retry_if_exception(self._retryable),
             sleep=self._sleep,
             before_sleep=self._before_sleep,
             reraise=True,
@@ -183,18 +248,22 @@ class ResilientClient:
                 waited = attempt.retry_state.idle_for
                 with attempt:
                     done = await self._attempt(messages, call_params, took)
-        except TransientProviderError as exc:
+        except Exception as exc:
+            transient = isinstance(exc, TransientProviderError) or self._retryable(exc)
+            if not transient and not isinstance(exc, PermanentProviderError):
+                raise  # not a provider failure (a test's ScriptExhausted): the caller's bug
             self.stats.failures += 1
-            self._failed()
+            if transient:
+                # A permanent refusal is not counted by the breaker: it says nothing about an
+                # outage, and a pause would record later calls as "paused" instead of their reason.
+                self._failed()
+            status = getattr(exc, "status", None)
             raise ModelCallError(
-                self.name, attempts, str(exc), retryable=True, status=exc.status
-            ) from exc
-        except PermanentProviderError as exc:
-            # Not counted by the breaker: a refused request says nothing about an outage, and
-            # a pause would record later calls as "paused" (retryable) instead of their reason.
-            self.stats.failures += 1
-            raise ModelCallError(
-                self.name, attempts, str(exc), retryable=False, status=exc.status
+                self.name,
+                attempts,
+                str(exc),
+                retryable=transient,
+                status=status if isinstance(status, int) else None,
             ) from exc
         self._consecutive_failures = 0
         self._open_until = None

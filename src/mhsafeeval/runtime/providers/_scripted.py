@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -11,6 +10,7 @@ from typing import Annotated, Union
 import anyio
 import msgspec
 
+from ._demo import DEMO_SCRIPTS
 from ._registry import provider, typed_options
 from ._types import (
     CallParams,
@@ -18,6 +18,7 @@ from ._types import (
     Completion,
     ModelSettings,
     ProviderUnavailable,
+    TransientProviderError,
 )
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "Script",
     "ScriptedModel",
     "ScriptedOptions",
+    "check_scripted_settings",
+    "register_demo_scripts",
     "register_script",
     "scripted_factory",
 ]
@@ -42,7 +45,8 @@ class ScriptedModel:
     returns (or awaits) a reply. A reply that is an exception is raised, which is how tests
     inject provider faults (e.g. ``TransientProviderError("429", retry_after=2)``).
 
-    Every call is recorded in :attr:`calls` for assertions.
+    Every call is recorded in :attr:`calls` for assertions. It is free (:meth:`price` is 0),
+    retries :class:`TransientProviderError` only, and its connection is its script's name.
 
     Example:
         >>> import anyio
@@ -52,11 +56,13 @@ class ScriptedModel:
     """
 
     supports_json_schema = True
+    sampling = CallParams()  # applies none of its own: open_model's wrapper applies the table's
 
     def __init__(
         self, name: str, script: Script, *, cycle: bool = False, delay_s: float = 0.0
     ) -> None:
         self.name = f"scripted/{name}"
+        self.connection_key = name
         self.delay_s = delay_s
         self.calls: list[tuple[tuple[ChatMessage, ...], CallParams]] = []
         self._fn: ScriptFn | None = None
@@ -67,6 +73,14 @@ class ScriptedModel:
             replies = list(script)
             self._replies = itertools.cycle(replies) if cycle else iter(replies)
         self.closed = False
+
+    def should_retry(self, error: Exception) -> bool:
+        """Transient provider errors only (as the real providers)."""
+        return isinstance(error, TransientProviderError)
+
+    def price(self, completion: Completion) -> float | None:
+        """Scripted models cost nothing."""
+        return 0.0
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
@@ -120,8 +134,32 @@ _scripts: dict[str, tuple[Script, bool]] = {"echo": (_echo, False)}
 
 
 def register_script(name: str, script: Script, *, cycle: bool = False) -> None:
-    """Make ``scripted/<name>`` answer with ``script`` (replacing any earlier one)."""
+    """Make ``scripted/<name>`` answer with ``script`` (replacing any earlier one).
+
+    ``script``: a list of replies (in order; ``cycle`` starts over) or a function of the
+    messages and parameters that returns (or awaits) the reply.
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.runtime.providers import open_model
+        >>> register_script("doc-counselor", lambda messages, params: "Tell me more.")
+        >>> async def main() -> str:
+        ...     async with open_model("scripted/doc-counselor") as model:
+        ...         return (await model.complete([ChatMessage("user", "I feel low.")])).text
+        >>> anyio.run(main)
+        'Tell me more.'
+    """
     _scripts[name] = (script, cycle)
+
+
+def register_demo_scripts() -> None:
+    """Register every ``scripted/demo-*`` persona again (they are registered when this
+    provider is imported; this undoes a replacement). Idempotent."""
+    for name, script in DEMO_SCRIPTS.items():
+        register_script(name, script)
+
+
+register_demo_scripts()
 
 
 class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -129,26 +167,33 @@ class ScriptedOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
     delay_s: Annotated[float, msgspec.Meta(ge=0, lt=3600)] = 0.0
     """Seconds to wait before each reply (a stand-in for network latency)."""
-    replies: list[str] | None = None
+    replies: Annotated[list[str], msgspec.Meta(min_length=1)] | None = None
     """Answer with these, in order, instead of a registered script."""
     cycle: bool = True
     """With ``replies``: start over at the end (otherwise running out is an error)."""
 
 
-@provider("scripted", options=ScriptedOptions)
+def check_scripted_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
+    """A script name nothing registered, unless the table gives ``options.replies``."""
+    if model in _scripts or settings.options.get("replies") is not None:
+        return []
+    known = ", ".join(sorted(_scripts))
+    return [
+        (
+            "provider",
+            f"no script named {model!r} for scripted/{model} (registered: {known}); "
+            "register one with mhsafeeval.testing.register_script or set options.replies",
+        )
+    ]
+
+
+@provider("scripted", options=ScriptedOptions, check=check_scripted_settings)
 def scripted_factory(model: str, settings: ModelSettings) -> ScriptedModel:
     """Scripted replies for tests and examples (options: :class:`ScriptedOptions`)."""
     options = typed_options(settings, ScriptedOptions)
     if options.replies is not None:
         return ScriptedModel(model, options.replies, cycle=options.cycle, delay_s=options.delay_s)
-    if model not in _scripts and model.startswith("demo-"):
-        # The demo personas (one per agent role) live with the other fakes in mhsafeeval.testing.
-        importlib.import_module("mhsafeeval.testing")
-    if model not in _scripts:
-        known = ", ".join(sorted(_scripts))
-        raise ProviderUnavailable(
-            f"no script named {model!r} for scripted/{model} (registered: {known}); "
-            "register one with mhsafeeval.testing.register_script or set options.replies"
-        )
+    for _, reason in check_scripted_settings(model, settings):
+        raise ProviderUnavailable(reason)
     script, cycle = _scripts[model]
     return ScriptedModel(model, script, cycle=cycle, delay_s=options.delay_s)

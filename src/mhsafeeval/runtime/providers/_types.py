@@ -26,7 +26,12 @@ Role = Literal["system", "user", "assistant"]
 
 
 class ChatMessage(msgspec.Struct, frozen=True):
-    """One chat turn sent to a model."""
+    """One chat turn sent to a model.
+
+    Example:
+        >>> [ChatMessage("system", "Be brief."), ChatMessage("user", "hello")][1].role
+        'user'
+    """
 
     role: Role
     content: str
@@ -38,6 +43,11 @@ class CallParams(msgspec.Struct, frozen=True, kw_only=True):
     ``json_schema`` asks for output constrained to that JSON schema (providers that cannot
     constrain output say so through :attr:`ModelClient.supports_json_schema`; callers must then
     validate the text themselves, which they should do anyway).
+
+    Example:
+        >>> greedy = CallParams(temperature=0.0, max_tokens=200, seed=7)
+        >>> greedy.temperature, CallParams().temperature  # None: the model's own setting
+        (0.0, None)
     """
 
     temperature: float | None = None
@@ -49,7 +59,15 @@ class CallParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
-    """A model's answer to one call, with what it cost."""
+    """A model's answer to one call, with what it cost.
+
+    Example:
+        >>> done = Completion(
+        ...     text="Hi.", finish_reason="stop", prompt_tokens=12, completion_tokens=2
+        ... )
+        >>> done.prompt_tokens + done.completion_tokens
+        14
+    """
 
     text: str
     finish_reason: str
@@ -66,6 +84,16 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     The API key is never stored: ``api_key_env`` names the environment variable to read it from
     when the client is opened.
+
+    Example:
+        >>> import msgspec
+        >>> judge = msgspec.convert(
+        ...     {"provider": "litellm/openai/gpt-4o-mini", "api_key_env": "OPENAI_API_KEY",
+        ...      "temperature": 0.0, "max_concurrency": 4},
+        ...     ModelSettings,
+        ... )
+        >>> judge.provider.partition("/")[0], judge.max_concurrency
+        ('litellm', 4)
     """
 
     provider: str
@@ -109,6 +137,13 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             if not ok:
                 raise ValueError(f"{reason} - at `$.{field}`")
 
+    @property
+    def sampling(self) -> CallParams:
+        """This table's sampling parameters (``None`` where it sets none)."""
+        return CallParams(
+            temperature=self.temperature, max_tokens=self.max_tokens, seed=self.seed, stop=self.stop
+        )
+
 
 class ProviderError(MhSafeEvalError):
     """Base class of provider failures."""
@@ -147,6 +182,11 @@ class ModelCallError(ProviderError):
     request, credentials, unknown model), which was therefore tried once.
     ``completions`` are answers already received, and paid for, on the way to this failure
     (a structured answer's asks that failed validation): their tokens are counted, never lost.
+
+    Example:
+        >>> err = ModelCallError("litellm/openai/gpt-4o-mini", 3, "HTTP 503", retryable=True)
+        >>> str(err)
+        'litellm/openai/gpt-4o-mini: call failed after 3 attempt(s): HTTP 503'
     """
 
     def __init__(
@@ -190,9 +230,14 @@ class ModelClient(Protocol):
     Implementations only translate: they make one call and raise
     :class:`TransientProviderError` (worth retrying) or :class:`PermanentProviderError`.
     :func:`mhsafeeval.runtime.providers.open_model` wraps them with what every model needs:
-    one concurrency limit per model, a deadline on every attempt, and bounded retries with
-    backoff that honours Retry-After. The wrapped client raises :class:`ModelCallError` when a
-    call finally fails.
+    one concurrency limit per connection, a deadline on every attempt, and bounded retries
+    with backoff that honours Retry-After. The wrapped client raises :class:`ModelCallError`
+    when a call finally fails.
+
+    Besides calling, a client answers what its callers decide by, so that no caller reaches
+    into a concrete wrapper: the sampling it applies (:attr:`sampling`), what an answer cost
+    (:meth:`price`), whether a failure is worth another attempt (:meth:`should_retry`) and
+    which endpoint it talks to (:attr:`connection_key`: clients on one endpoint share a limit).
 
     Example:
         >>> import anyio
@@ -203,6 +248,9 @@ class ModelClient(Protocol):
         ...         return done.text
         >>> anyio.run(main)
         'hello'
+        >>> model = open_model(ModelSettings(provider="scripted/echo", temperature=0.7))
+        >>> model.sampling.temperature, model.connection_key
+        (0.7, 'echo')
     """
 
     name: str
@@ -211,6 +259,32 @@ class ModelClient(Protocol):
     def supports_json_schema(self) -> bool:
         """Whether the model constrains answers to ``CallParams.json_schema`` (read-only: a
         provider that learns its server refuses schemas changes it itself)."""
+        ...
+
+    @property
+    def sampling(self) -> CallParams:
+        """The sampling this client applies to a call that leaves a parameter ``None``: the
+        model table's ``temperature``, ``max_tokens``, ``seed`` and ``stop`` once opened with
+        :func:`~mhsafeeval.runtime.providers.open_model`; ``None`` where nothing was configured
+        (a caller may then choose, e.g. a judge samples greedily)."""
+        ...
+
+    @property
+    def connection_key(self) -> str:
+        """The endpoint this client calls, e.g. a server's URL and model, or a model file.
+        Clients of one provider with the same key share one concurrency limit when opened with
+        the same :class:`~mhsafeeval.runtime.providers.Connections`; the key only needs to tell
+        apart the endpoints of its own provider (the provider prefix is added to it)."""
+        ...
+
+    def should_retry(self, error: Exception) -> bool:
+        """Whether another attempt may succeed where this one raised ``error`` (the provider's
+        word: built-in providers say yes to :class:`TransientProviderError` only)."""
+        ...
+
+    def price(self, completion: Completion) -> float | None:
+        """Estimated USD of ``completion``'s tokens at this model's prices: 0 for models that
+        cost nothing (scripted, local), ``None`` when no price is known."""
         ...
 
     async def complete(

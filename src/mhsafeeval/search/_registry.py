@@ -1,0 +1,163 @@
+"""The controller registry: each controller declared once, with its options and what it needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from mhsafeeval.config import convert_table
+from mhsafeeval.runtime import Agent, PluginNotFound, Registry
+
+from ._controller import MapElitesController, RandomController, SingleTurnController
+from ._protocol import SearchControllerFactory
+from ._types import NoOptions, SearchRun
+from ._uct_controller import UCTController, UCTOptions
+from .archive import CellId
+
+__all__ = ["CONTROLLERS", "ControllerSpec", "controller", "controller_options"]
+
+F = TypeVar("F", bound=SearchControllerFactory)
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    """A registered controller: how to build it and what the campaign must know of it.
+
+    Attributes:
+        factory: ``factory(cells, run, options)`` returns the controller (an Agent).
+        options: The msgspec Struct its ``[search]`` table decodes to (:func:`controller_options`).
+        uses_refiner: Whether the campaign runs a refiner, whose notes the controller then
+            awaits below the threshold.
+        attempts: ``attempts(options, run)``: the fewest and most attempts (counselor calls)
+            of one turn, for estimates; None for the refinement loop's ``(1, max_attempts)``.
+    """
+
+    factory: SearchControllerFactory
+    options: type[msgspec.Struct] = NoOptions
+    uses_refiner: bool = True
+    attempts: Callable[[Any, SearchRun], tuple[int, int]] | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.options, type) and issubclass(self.options, msgspec.Struct)):
+            raise TypeError(
+                f"a controller's options must be a msgspec Struct, got {self.options!r}"
+            )
+        # The registry describes each plugin by its docstring: the factory's, not this class's.
+        object.__setattr__(self, "__doc__", self.factory.__doc__)
+
+    def __call__(self, cells: Iterable[CellId], run: SearchRun, options: Any) -> Agent:
+        """Build the controller: ``factory(cells, run, options)``."""
+        return self.factory(cells, run, options)
+
+    def turn_attempts(self, options: msgspec.Struct, run: SearchRun) -> tuple[int, int]:
+        """The fewest and most attempts one turn makes with these options."""
+        if self.attempts is not None:
+            return self.attempts(options, run)
+        return 1, run.max_attempts
+
+
+class _Controllers(Registry[ControllerSpec]):
+    def get(self, name: str) -> ControllerSpec:
+        """The declaration registered as ``name`` (see :class:`Registry.get`).
+
+        Raises:
+            PluginNotFound: nothing of that name, or a plugin not declared with
+                :func:`controller`.
+        """
+        found: object = super().get(name)
+        if isinstance(found, ControllerSpec):
+            return found
+        # An entry point names the factory itself; importing it ran its @controller.
+        spec = _DECLARED.get(found) if isinstance(found, Hashable) else None
+        if spec is None:
+            raise PluginNotFound(
+                f"controller {name!r} ({found!r}) is not declared: register it with "
+                f"@controller({name!r}, options=..., uses_refiner=...)"
+            )
+        self.register(name, replace=True)(spec)
+        return spec
+
+
+CONTROLLERS = _Controllers("controller", "mhsafeeval.controllers")
+"""Every controller by name: ``CONTROLLERS.get(name)`` is its :class:`ControllerSpec`."""
+
+_DECLARED: dict[object, ControllerSpec] = {}
+
+
+def controller(
+    name: str,
+    *,
+    options: type[msgspec.Struct] = NoOptions,
+    uses_refiner: bool = True,
+    attempts: Callable[[Any, SearchRun], tuple[int, int]] | None = None,
+    replace: bool = False,
+) -> Callable[[F], F]:
+    """Declare a search controller factory ``(cells, run, options) -> Agent`` as ``name``.
+
+    ``options`` is the msgspec Struct its ``[search]`` table decodes to (checked by
+    ``mhsafeeval check``); the other arguments are :class:`ControllerSpec`'s. Returns the
+    factory unchanged.
+
+    Example:
+        >>> from mhsafeeval.search import CONTROLLERS, MapElitesController
+        >>> @controller("doc-map-elites")
+        ... class MyMapElites(MapElitesController):
+        ...     '''MAP-Elites under a name of its own (override plan_turn to steer it).'''
+        >>> spec = CONTROLLERS.get("doc-map-elites")
+        >>> spec.factory is MyMapElites, spec.uses_refiner, spec.options.__name__
+        (True, True, 'NoOptions')
+    """
+
+    def add(factory: F) -> F:
+        spec = ControllerSpec(factory, options, uses_refiner, attempts)
+        known = _DECLARED.get(factory)
+        if known == spec:
+            spec = known  # the same declaration again: the registry sees the same object
+        CONTROLLERS.register(name, replace=replace)(spec)
+        _DECLARED[factory] = spec
+        return factory
+
+    return add
+
+
+def controller_options(
+    name: str, table: Mapping[str, Any], source: str | Path | None = None
+) -> msgspec.Struct:
+    """The ``[search]`` table decoded into controller ``name``'s options.
+
+    A controller without options of its own (the MAP-Elites family) accepts the uct
+    controller's keys, checked the same way, and ignores them: before options were per
+    controller, any config could set them.
+
+    Example:
+        >>> controller_options("uct", {"simulations": 8}).simulations
+        8
+        >>> controller_options("map-elites", {"simulations": 0}, "c.toml")
+        Traceback (most recent call last):
+        ...
+        mhsafeeval.errors.InputError: c.toml: search.simulations: must be >= 1
+
+    Raises:
+        InputError: a bad key or value, naming ``source`` and the key path
+            (``search.simulations``).
+        PluginNotFound: no controller of that name.
+    """
+    kind = CONTROLLERS.get(name).options
+    data = dict(table)
+    if not msgspec.structs.fields(kind):
+        convert_table(data, UCTOptions, source, "search")
+        data = {}
+    return convert_table(data, kind, source, "search")
+
+
+controller("map-elites")(MapElitesController)
+controller("random")(RandomController)
+controller("single-turn")(SingleTurnController)
+# uct runs no refiner: simulations are not retried, the tree decides what to try next.
+controller("uct", options=UCTOptions, uses_refiner=False, attempts=UCTOptions.turn_attempts)(
+    UCTController
+)

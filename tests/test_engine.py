@@ -1,0 +1,265 @@
+"""The engine runs any agent graph: scheduling, failure policy, limits and resume.
+
+The graphs here are not MHSafeEval's: a few small agents of the tests' own, and the one in
+``examples/custom_graph.py``, which is killed with SIGKILL at several points and resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from mhsafeeval.engine import Graph, Node, run_graph
+from mhsafeeval.errors import InputError
+from mhsafeeval.messages import CampaignFinished, ConversationFinished
+from mhsafeeval.runtime import Agent, HandlerFailed, Message, on
+from mhsafeeval.storage import MemoryEventStore
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "custom_graph.py"
+
+
+class Begin(Message, frozen=True, tag="test_engine.begin"):
+    pass
+
+
+class Step(Message, frozen=True, tag="test_engine.step"):
+    pass
+
+
+class Done(Message, frozen=True, tag="test_engine.done"):
+    pass
+
+
+BROKEN: set[str] = set()  # conversations whose worker raises
+CALLS: Counter[str] = Counter()  # work done, by conversation and turn
+
+
+class Starter(Agent):
+    """Turns a conversation's start into two steps, then ends it."""
+
+    @on(Begin)
+    def begin(self, msg: Begin) -> None:
+        self.publish(Step(**msg.child_ids()))
+
+    @on(Done)
+    def next(self, msg: Done) -> None:
+        if msg.turn + 1 < 2:
+            self.publish(Step(**msg.child_ids(turn=msg.turn + 1)))
+        else:
+            self.publish(ConversationFinished(**msg.child_ids(), turns=2))
+
+
+class Worker(Agent):
+    """Does each step's work in an async handler (a model call's stand-in)."""
+
+    outcomes = (Done,)
+
+    @on(Step)
+    async def work(self, msg: Step) -> None:
+        await anyio.lowlevel.checkpoint()
+        if msg.conversation in BROKEN:
+            raise RuntimeError("the worker broke")
+        CALLS[f"{msg.conversation}#{msg.turn}"] += 1
+        self.publish(Done(**msg.child_ids()))
+
+
+class Silent(Agent):
+    """Never answers: the conversation it receives can never end."""
+
+    @on(Step)
+    def ignore(self, msg: Step) -> None:
+        pass
+
+
+def graph(conversations: int = 3, *, worker: type[Agent] = Worker, config: str = "v1") -> Graph:
+    return Graph(
+        campaign="g",
+        nodes=[Node.of(Starter), Node.of(worker)],
+        conversations=[Begin(campaign="g", conversation=f"c{i}") for i in range(conversations)],
+        concurrency=2,
+        config=config,
+    )
+
+
+async def messages(store: MemoryEventStore) -> list[Message]:
+    return [e.message async for e in store.events("g") if e.message is not None]
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    BROKEN.clear()
+    CALLS.clear()
+
+
+@pytest.mark.anyio
+async def test_a_graph_runs_every_conversation_and_records_its_end() -> None:
+    async with MemoryEventStore() as store:
+        result = await run_graph(graph(), store)
+        stored = await messages(store)
+    assert (result.status, result.finished, result.failed) == ("completed", 3, 0)
+    assert set(CALLS.values()) == {1} and len(CALLS) == 6
+    ends = [m for m in stored if isinstance(m, CampaignFinished)]
+    assert [(m.key, m.status) for m in ends] == [("finish", "completed")]
+    assert result.events_written == len(stored)
+
+
+@pytest.mark.anyio
+async def test_a_failing_handler_fails_its_conversation_only_and_a_rerun_retries_it() -> None:
+    BROKEN.add("c1")
+    async with MemoryEventStore() as store:
+        first = await run_graph(graph(), store)
+        assert (first.status, first.finished, first.failed) == ("completed_with_failures", 3, 1)
+        failed = [m for m in await messages(store) if isinstance(m, HandlerFailed)]
+        assert [m.conversation for m in failed] == ["c1"]
+        BROKEN.clear()
+        done_before = dict(CALLS)
+        second = await run_graph(graph(), store)
+    assert (second.status, second.failed) == ("completed", 0)
+    assert second.resumed_from > 0
+    # Only the failed conversation's work was done again; finished ones were left alone.
+    again = {k: v - done_before.get(k, 0) for k, v in CALLS.items() if v != done_before.get(k)}
+    assert again and all(k.startswith("c1#") for k in again), again
+
+
+@pytest.mark.anyio
+async def test_a_conversation_nothing_moves_is_closed_as_stalled() -> None:
+    async with MemoryEventStore() as store:
+        result = await run_graph(graph(2, worker=Silent), store)
+        ends = [m for m in await messages(store) if isinstance(m, ConversationFinished)]
+    assert result.status == "completed_with_failures" and result.failed == 2
+    assert {m.status for m in ends} == {"stalled"}
+    assert all("stalled" in m.detail for m in ends)
+
+
+class _Stop:
+    """Limits reached after ``after`` steps of work (a budget's stand-in)."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.stop = anyio.Event()
+        self.reached: str | None = None
+
+    async def admit(self) -> None:
+        if self.reached is not None:
+            await anyio.sleep_forever()  # no work starts once a limit is reached
+        if sum(CALLS.values()) + 1 >= self.after:
+            self.reached = "test.steps"
+            self.stop.set()
+
+    async def drained(self) -> None:
+        pass
+
+    def spent(self) -> str:
+        return f"{sum(CALLS.values())} steps"
+
+
+LIMIT = _Stop(after=2)
+
+
+class Gated(Worker):
+    """A worker whose every step is admitted by LIMIT first."""
+
+    @on(Step)
+    async def work(self, msg: Step) -> None:
+        await LIMIT.admit()
+        await super().work(msg)
+
+
+@pytest.mark.anyio
+async def test_a_reached_limit_stops_the_run_and_says_so_and_a_rerun_starts_nothing() -> None:
+    global LIMIT
+    limits = LIMIT = _Stop(after=2)
+    async with MemoryEventStore() as store:
+        result = await run_graph(graph(5, worker=Gated), store, limits=limits)
+        ends = [m for m in await messages(store) if isinstance(m, CampaignFinished)]
+        assert result.status == "stopped_budget" and result.budget == "test.steps"
+        assert result.finished < 5
+        assert [m.status for m in ends] == ["stopped_budget"]
+        again = await run_graph(graph(5, worker=Gated), store, limits=limits)
+    assert again.status == "stopped_budget" and again.events_written == 0
+
+
+@pytest.mark.anyio
+async def test_a_stored_campaign_with_another_configuration_is_refused_before_any_write() -> None:
+    async with MemoryEventStore() as store:
+        await run_graph(graph(), store)
+        count = len(await messages(store))
+        with pytest.raises(InputError, match="another configuration"):
+            await run_graph(graph(config="v2"), store)
+        assert len(await messages(store)) == count
+
+
+# -- the custom graph example, killed and resumed ------------------------------------------------
+
+
+def _count(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def _rows(db: Path) -> dict[str, tuple[str, str]]:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        rows = con.execute("SELECT id, type, body FROM events").fetchall()
+    return {i: (t, json.dumps(json.loads(b), sort_keys=True)) for i, t, b in rows}
+
+
+def _example(db: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(EXAMPLE), "--db", str(db), "--conversations", "4", *extra]
+
+
+def test_the_custom_graph_example_killed_at_several_points_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
+    subprocess.run(_example(clean), check=True, capture_output=True, timeout=120)
+    total = _count(clean)
+    rng = random.Random(7)
+    killed: list[int] = []
+    for i in range(6):
+        current = _count(crashed)
+        target = current + rng.randint(1, max(2, (total - current) // (6 - i + 1)))
+        proc = subprocess.Popen(
+            _example(crashed, "--delay", "0.15"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and _count(crashed) < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.03))
+        if proc.poll() is not None:  # it finished first
+            assert proc.communicate()[1] is not None and proc.returncode == 0
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        killed.append(_count(crashed))
+    assert len(killed) >= 4 and all(0 < k < total for k in killed), (killed, total)
+    done = subprocess.run(
+        _example(crashed), check=True, capture_output=True, text=True, timeout=120
+    )
+    assert "resumed from" in done.stdout and "4/4 conversations finished (0 failed)" in done.stdout
+    # The same events, ids and contents, as the run nobody killed: every question answered
+    # once, every answer checked once, every conversation ended once.
+    assert _rows(crashed) == _rows(clean)
+    types = Counter(t for t, _ in _rows(crashed).values())
+    assert types["example.question"] == types["example.answer"] == 12
+    assert types["example.accepted"] + types["example.flagged"] == 12
+    assert types["conversation.finished"] == 4 and types["campaign.finished"] == 1
