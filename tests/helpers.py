@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from mhsafeeval.messages import Message
+from mhsafeeval.messages import Elite, Message
+from mhsafeeval.search.archive import CellId, HarmArchive
 
 
 def cli(
@@ -39,3 +40,19 @@ def stored(db: Path) -> list[Message]:
             return [e.message async for e in store.events(info.id) if e.message is not None]
 
     return anyio.run(read, backend="asyncio")
+
+
+def archive_of(
+    cells: Iterable[CellId], elites: Iterable[Elite], *, threshold: int = 2
+) -> HarmArchive:
+    """A HarmArchive with ``elites`` offered in order (how a controller rebuilds it on resume)."""
+    archive = HarmArchive(cells, threshold=threshold)
+    for elite in elites:
+        archive.offer(elite)
+    return archive
+
+
+def best_severity(archive: HarmArchive, cell: CellId) -> int | None:
+    """The cell's best severity so far, or None when nothing was offered for it."""
+    best = archive.elite(cell)
+    return None if best is None else best.severity

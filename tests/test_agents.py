@@ -19,10 +19,9 @@ from mhsafeeval.agents import (
     MutatorAgent,
     RefinerAgent,
     builtin_profiles,
-    call_seed,
-    clean_utterance,
 )
-from mhsafeeval.agents._prompts import render
+from mhsafeeval.agents._client import clean_utterance
+from mhsafeeval.agents._prompts import call_seed, render
 from mhsafeeval.messages import (
     CallFailed,
     ClientUtterance,
@@ -37,9 +36,15 @@ from mhsafeeval.messages import (
     Verdict,
 )
 from mhsafeeval.runtime import Agent, Message, Runtime, encode_message
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, Completion, ModelCallError
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ChatMessage,
+    Completion,
+    ModelCallError,
+    ScriptedModel,
+)
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import Recorder, ScriptedModel
+from mhsafeeval.testing import Recorder
 
 pytestmark = pytest.mark.anyio
 
@@ -89,7 +94,6 @@ async def drive(kind: type[A], make: Callable[[], A], *inputs: Message) -> list[
 def test_public_surface() -> None:
     assert all(hasattr(agents_pkg, name) for name in agents_pkg.__all__)
     assert "ClientProfile" in agents_pkg.__all__
-    assert "profile_to_text" in agents_pkg.__all__
 
 
 def test_templates_need_every_variable() -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import archive_of, best_severity
 from mhsafeeval.messages import Operator
 from mhsafeeval.search.archive import (
     OPERATOR_WEIGHTS,
@@ -36,9 +37,9 @@ def elite(cell: CellId, severity: int, tag: str = "") -> Elite:
 
 
 def archive_with(*offers: tuple[CellId, int], threshold: int = 2) -> HarmArchive:
-    archive = HarmArchive(CELLS, threshold=threshold)
-    archive.fold(elite(cell, severity) for cell, severity in offers)
-    return archive
+    return archive_of(
+        CELLS, (elite(cell, severity) for cell, severity in offers), threshold=threshold
+    )
 
 
 # --- filling, ties, thresholds, coverage ------------------------------------------------------
@@ -48,18 +49,18 @@ def test_offer_keeps_only_strictly_more_severe() -> None:
     archive = HarmArchive(CELLS)
     cell = CELLS[5]
     assert archive.elite(cell) is None
-    assert archive.best_severity(cell) is None
+    assert best_severity(archive, cell) is None
     assert archive.offer(elite(cell, 3, "first"))
     assert not archive.offer(elite(cell, 2, "weaker"))
     assert not archive.offer(elite(cell, 3, "tie"))
     assert archive.elite(cell) == elite(cell, 3, "first")  # ties keep the earlier
     assert archive.offer(elite(cell, 5, "stronger"))
-    assert archive.best_severity(cell) == 5
+    assert best_severity(archive, cell) == 5
 
 
 def test_sub_threshold_best_is_kept_but_not_filled() -> None:
     archive = archive_with((CELLS[0], 1))
-    assert archive.best_severity(CELLS[0]) == 1
+    assert best_severity(archive, CELLS[0]) == 1
     assert not archive.is_filled(CELLS[0])
     assert CELLS[0] in archive.empty_cells()
     assert archive.filled_cells() == []
@@ -89,7 +90,7 @@ def test_unknown_cells_are_errors() -> None:
     with pytest.raises(ValueError, match="unknown cell"):
         archive.offer(elite(("nope", "enabler"), 3))
     with pytest.raises(ValueError, match="unknown cell"):
-        archive.best_severity(("toxic", "bystander"))
+        archive.elite(("toxic", "bystander"))
     with pytest.raises(ValueError, match="unknown cell"):
         archive.pick_seeds(random.Random(0), "fresh", ("nope", "nope"))
 
@@ -109,12 +110,12 @@ def test_elite_severity_is_1_to_5(severity: int) -> None:
         elite(CELLS[0], severity)
 
 
-def test_fold_and_replay_count_changes() -> None:
+def test_offers_in_order_count_changes_and_rebuild_the_same_archive() -> None:
     offers = [elite(CELLS[0], 2), elite(CELLS[0], 2, "tie"), elite(CELLS[1], 4)]
     archive = HarmArchive(CELLS)
-    assert archive.fold(offers) == 2
-    replayed = HarmArchive.replay(CELLS, offers)
-    assert replayed.elites(filled_only=False) == archive.elites(filled_only=False)
+    assert [archive.offer(e) for e in offers] == [True, False, True]
+    rebuilt = archive_of(CELLS, offers)
+    assert rebuilt.elites(filled_only=False) == archive.elites(filled_only=False)
 
 
 # --- targets and seeds ------------------------------------------------------------------------
@@ -304,7 +305,7 @@ Scenario = tuple[list[CellId], int, list[tuple[int, int]]]
 def build(scenario: Scenario) -> tuple[HarmArchive, list[Elite]]:
     cells, threshold, offers = scenario
     elites = [elite(cells[i], sev, str(n)) for n, (i, sev) in enumerate(offers)]
-    return HarmArchive.replay(cells, elites, threshold=threshold), elites
+    return archive_of(cells, elites, threshold=threshold), elites
 
 
 @settings(max_examples=200, deadline=None)
@@ -318,7 +319,7 @@ def test_best_severity_and_coverage_follow_the_offers(scenario: Scenario) -> Non
             best[e.cell] = e  # first of the maximal ones
     for cell in cells:
         assert archive.elite(cell) == best.get(cell)
-        assert archive.best_severity(cell) == (best[cell].severity if cell in best else None)
+        assert best_severity(archive, cell) == (best[cell].severity if cell in best else None)
     filled = [c for c in cells if c in best and best[c].severity >= threshold]
     assert archive.filled_cells() == filled
     assert archive.empty_cells() == [c for c in cells if c not in filled]
@@ -368,7 +369,7 @@ def test_replaying_the_elites_is_equivalent(scenario: Scenario, seed: int) -> No
     """An archive is the fold of its elites: replayed, they give the same archive and plans."""
     archive, _ = build(scenario)
     elites = archive.elites(filled_only=False)
-    restored = HarmArchive.replay(scenario[0], elites, threshold=archive.threshold)
+    restored = archive_of(scenario[0], elites, threshold=archive.threshold)
     assert restored.elites(filled_only=False) == elites
     for cell in archive:
         assert restored.elite(cell) == archive.elite(cell)

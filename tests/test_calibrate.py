@@ -19,10 +19,11 @@ from mhsafeeval.runtime.providers import (
     ChatMessage,
     ModelSettings,
     PermanentProviderError,
+    ScriptedModel,
 )
 from mhsafeeval.storage import SqliteEventStore
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import ScriptedModel, register_script
+from mhsafeeval.testing import register_script
 
 _REPLY = re.compile(r"<reply_([0-9a-f]{16})>\n(.*?)\n</reply_\1>", re.S)
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
 import msgspec
 import pytest
 
@@ -376,3 +377,35 @@ def test_cli_run_and_report(tmp_path: Path) -> None:
     assert refused.returncode == 2
     assert "bad.toml: campaign.max_turns: must be >= 1" in refused.stderr
     assert not (tmp_path / "bad.db").exists()
+
+
+IN_FLIGHT = {"now": 0, "most": 0}
+
+
+async def counted_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
+    IN_FLIGHT["now"] += 1
+    IN_FLIGHT["most"] = max(IN_FLIGHT["most"], IN_FLIGHT["now"])
+    try:
+        await anyio.sleep(0.01)
+        return demo_counselor(messages, params, slip_rates=WEAK)
+    finally:
+        IN_FLIGHT["now"] -= 1
+
+
+register_script("counted-counselor", counted_counselor)
+
+
+async def test_two_counselor_tables_on_one_endpoint_share_its_concurrency_limit() -> None:
+    # Two tables that differ only in temperature call one endpoint (one script here): together
+    # they keep at most max_concurrency calls in flight, not one limit each.
+    text = CONFIG.format(judge="demo-judge").replace("weak-counselor", "counted-counselor")
+    text = text.replace(
+        '"scripted/counted-counselor"\n', '"scripted/counted-counselor"\nmax_concurrency = 1\n'
+    )
+    IN_FLIGHT.update(now=0, most=0)
+    cfg = parse_config(text, "e2e.toml")
+    assert {m.max_concurrency for m in cfg.counselors.values()} == {1}
+    await run(
+        msgspec.structs.replace(cfg, campaign=msgspec.structs.replace(cfg.campaign, concurrency=4))
+    )
+    assert IN_FLIGHT["most"] == 1

@@ -15,7 +15,8 @@ from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - t
 from mhsafeeval.cli import main
 from mhsafeeval.config import MAX_PLANNED_CONVERSATIONS, parse_config
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime.providers import ModelSettings, ProviderUnavailable, open_model
+from mhsafeeval.runtime.providers import ModelSettings, open_model
+from mhsafeeval.runtime.providers._types import ProviderUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = (ROOT / "examples" / "campaign.toml").read_text()
@@ -157,7 +158,7 @@ def test_absurd_sizes_are_refused_at_once(
 def test_the_planned_conversations_are_bounded_before_they_are_listed() -> None:
     many = BASE.replace("conversations_per_profile = 1", "conversations_per_profile = 99999")
     config = parse_config(many.replace("profile_ids = [", "# profile_ids = ["), "c.toml")
-    from mhsafeeval.campaign import build_plan
+    from mhsafeeval.plan import build_plan
 
     with pytest.raises(InputError, match=f"at most {MAX_PLANNED_CONVERSATIONS}"):
         build_plan(config, "c.toml")
@@ -284,3 +285,21 @@ def test_open_model_refuses_options_its_provider_does_not_accept() -> None:
         open_model(ModelSettings(provider="scripted/echo", options={"dealy_s": 1}))
     with pytest.raises(ProviderUnavailable, match="no model after"):
         open_model(ModelSettings(provider="scripted/"))
+
+
+@pytest.mark.parametrize(
+    ("table", "where", "reason"),
+    [
+        ('[judge]\nstring_limits = "no"\n', "judge.string_limits", "expected bool"),
+        ("[judge]\nstrict = true\n", "judge.strict", "unknown field"),
+    ],
+)
+def test_a_bad_judge_option_is_refused_by_check_and_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, where: str, reason: str
+) -> None:
+    err = refused(tmp_path, write(tmp_path, table), capsys)
+    assert f": {where}: " in err and reason in err, err
+
+
+def test_the_judges_own_options_are_accepted(tmp_path: Path) -> None:
+    assert main(["check", str(write(tmp_path, "[judge]\nstring_limits = false\n"))]) == 0

@@ -15,6 +15,7 @@ import pytest
 
 import mhsafeeval.campaign
 import mhsafeeval.config
+import mhsafeeval.plan
 from mhsafeeval.cli import main
 from mhsafeeval.storage import SqliteEventStore
 
@@ -42,9 +43,10 @@ def config(tmp_path: Path) -> Path:
 def counts(monkeypatch: pytest.MonkeyPatch, config: Path) -> Counter[str]:
     """Calls of build_plan and parse_config, opens of the config file and of the database."""
     found: Counter[str] = Counter()
-    campaign, settings = mhsafeeval.campaign, mhsafeeval.config
-    build_plan = _counting(found, "build_plan", campaign.build_plan)
-    monkeypatch.setattr(campaign, "build_plan", build_plan)
+    campaign, settings, plan = mhsafeeval.campaign, mhsafeeval.config, mhsafeeval.plan
+    build_plan = _counting(found, "build_plan", plan.build_plan)
+    monkeypatch.setattr(plan, "build_plan", build_plan)  # where the CLI finds it
+    monkeypatch.setattr(campaign, "build_plan", build_plan)  # run_campaign's own, without plan=
     monkeypatch.setattr(settings, "parse_config", _counting(found, "parse", settings.parse_config))
     monkeypatch.setattr(
         SqliteEventStore, "open", _counting(found, "db open", SqliteEventStore.open)

@@ -17,7 +17,9 @@ from mhsafeeval.config import (
     parse_config,
 )
 from mhsafeeval.errors import InputError
-from mhsafeeval.search import NoOptions, UCTOptions, controller_options
+from mhsafeeval.search import controller_options
+from mhsafeeval.search._types import NoOptions
+from mhsafeeval.search._uct_controller import UCTOptions
 
 GOOD = """
 [campaign]

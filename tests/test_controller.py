@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
+from helpers import archive_of, best_severity
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
@@ -36,16 +37,14 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime import Agent, PluginNotFound, Runtime, on
 from mhsafeeval.search import (
     CONTROLLERS,
-    CellId,
-    HarmArchive,
     MapElitesController,
-    NoOptions,
     SearchRun,
-    UCTController,
-    UCTOptions,
     controller,
     controller_options,
 )
+from mhsafeeval.search._types import NoOptions
+from mhsafeeval.search._uct_controller import UCTController, UCTOptions
+from mhsafeeval.search.archive import CellId
 from mhsafeeval.testing import Recorder
 
 pytestmark = pytest.mark.anyio
@@ -286,7 +285,7 @@ async def test_a_turn_ends_at_the_first_success() -> None:
     (finished,) = rec.of(ConversationFinished)
     assert (finished.status, finished.turns) == ("completed", 1)
     assert rec.messages.index(commit) < rec.messages.index(finished)
-    assert ctl.archive("model-a").best_severity(cell) == 3
+    assert best_severity(ctl.archive("model-a"), cell) == 3
 
 
 @pytest.mark.parametrize(
@@ -568,11 +567,11 @@ async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() ->
         assert len(rising) < len(verdicts)  # some verdicts did not improve their cell
         assert max(sum(u.category == c and u.role == r for u in mine) for c, r in CELLS) >= 2
         archive = ctl.archive(model)
-        assert {cell: archive.best_severity(cell) for cell in CELLS} == {
+        assert {cell: best_severity(archive, cell) for cell in CELLS} == {
             cell: best.get(cell) for cell in CELLS
         }
         # the update carries the whole elite: the archive is the fold of the updates
-        assert HarmArchive.replay(CELLS, map(elite_of, mine)).elites(filled_only=False) == (
+        assert archive_of(CELLS, map(elite_of, mine)).elites(filled_only=False) == (
             archive.elites(filled_only=False)
         )
         for u in mine:
@@ -603,7 +602,7 @@ async def test_the_archive_is_a_fold_of_its_updates_one_per_counselor_model() ->
         assert {e.conversation for e in archive.elites(filled_only=False)} == {
             c for c, m in models.items() if m == model
         }
-    bests = [{c: ctl.archive(m).best_severity(c) for c in CELLS} for m in ("model-a", "model-b")]
+    bests = [{c: best_severity(ctl.archive(m), c) for c in CELLS} for m in ("model-a", "model-b")]
     assert bests[0] != bests[1]
 
 
@@ -746,7 +745,7 @@ async def test_stale_events_are_ignored() -> None:
         publish(stale)
         await rt.run_until_idle()
         assert rec.messages[before:] == stale  # the controller said nothing
-        assert ctl.archive("model-a").best_severity((d0.category, d0.role)) == 1
+        assert best_severity(ctl.archive("model-a"), (d0.category, d0.role)) == 1
         assert set(ctl.archives) == {"model-a"}
         assert list(ctl.notes.values()) == [deque(notes_for(v0).notes)]
 
@@ -765,7 +764,7 @@ async def test_stale_events_are_ignored() -> None:
     )
     assert [u.verdict_id for u in rec.of(ArchiveUpdated)] == [v0.id, second[-1].id]
     assert len(rec.of(ConversationFinished)) == 1
-    assert ctl.archive("model-a").best_severity((d0.category, d0.role)) == 3
+    assert best_severity(ctl.archive("model-a"), (d0.category, d0.role)) == 3
 
 
 async def test_two_judges_improving_one_attempt_give_distinct_archive_updates() -> None:
@@ -788,7 +787,7 @@ async def test_two_judges_improving_one_attempt_give_distinct_archive_updates() 
     assert [(u.verdict_id, u.severity) for u in updates] == [(first.id, 1), (second.id, 4)]
     assert len({u.id for u in updates}) == 2  # a store keyed by id keeps both
     archive = ctl.archive("model-a")
-    assert HarmArchive.replay(CELLS, map(elite_of, updates)).elites(filled_only=False) == (
+    assert archive_of(CELLS, map(elite_of, updates)).elites(filled_only=False) == (
         archive.elites(filled_only=False)
     )
     (commit,) = rec.of(TurnCommitted)

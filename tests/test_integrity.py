@@ -23,7 +23,7 @@ from helpers import cli, stored
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.cli import main
 from mhsafeeval.config import parse_config
-from mhsafeeval.judges import JUDGES
+from mhsafeeval.judges import judge
 from mhsafeeval.messages import (
     CallFailed,
     ConversationFinished,
@@ -210,8 +210,8 @@ class SilentJudge(Agent):
         await anyio.lowlevel.checkpoint()
 
 
-@JUDGES.register("silent-test", replace=True)
-def silent_judge(model: object, taxonomy: object, **options: object) -> SilentJudge:
+@judge("silent-test", replace=True)
+def silent_judge(model: object, taxonomy: object, run: object, options: object) -> SilentJudge:
     return SilentJudge()
 
 

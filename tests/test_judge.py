@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
@@ -11,17 +12,22 @@ import msgspec
 import pytest
 import structlog
 
-import mhsafeeval.judges as judges
+from mhsafeeval.errors import InputError
 from mhsafeeval.judges import (
     JUDGES,
-    RAW_LIMIT,
     VERDICT_SCHEMA,
+    JudgeRun,
     RubricJudge,
-    VerdictPayload,
     build_judge_messages,
+    judge_options,
+)
+from mhsafeeval.judges._judge import RAW_LIMIT
+from mhsafeeval.judges._prompt import prompt_nonce
+from mhsafeeval.judges._registry import make_rubric_judge
+from mhsafeeval.judges._verdict import (
+    VerdictPayload,
     check_verdict,
-    make_rubric_judge,
-    prompt_nonce,
+    is_omission,
     verdict_schema,
 )
 from mhsafeeval.messages import (
@@ -42,10 +48,11 @@ from mhsafeeval.runtime.providers import (
     ModelClient,
     ModelSettings,
     PermanentProviderError,
+    ScriptedModel,
     open_model,
 )
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import Recorder, ScriptedModel, register_script
+from mhsafeeval.testing import Recorder, register_script
 
 pytestmark = pytest.mark.anyio
 
@@ -491,27 +498,23 @@ async def test_same_inputs_give_byte_identical_prompts() -> None:
     assert runs[0] == runs[1]
 
 
-def test_rubric_judge_is_a_registered_plugin() -> None:
+def test_rubric_judge_is_a_declared_plugin_with_typed_options() -> None:
     model = ScriptedModel("judge", [])
-    assert JUDGES.get("rubric") is make_rubric_judge
+    spec = JUDGES.get("rubric")
+    assert spec.factory is make_rubric_judge and spec.options is not None
     assert "rubric" in JUDGES.available()
-    made = make_rubric_judge(model, TAXONOMY, context_turns=2, name="r2")
-    assert isinstance(made, RubricJudge) and (made.context_turns, made.name) == (2, "r2")
-    with pytest.raises(TypeError):
-        make_rubric_judge(model, TAXONOMY, temperature=1.0)
-
-
-def test_all_lists_exactly_the_public_names() -> None:
-    exported = set(judges.__all__)
-    assert all(hasattr(judges, name) for name in exported)
-    own = {
-        name
-        for name, value in vars(judges).items()
-        if not name.startswith("_")
-        and callable(value)
-        and getattr(value, "__module__", "").startswith(judges.__name__)
-    }
-    assert own <= exported
+    run = JudgeRun(context_turns=2, max_asks=4, threshold=3)
+    made = spec(model, TAXONOMY, run, judge_options("rubric", {}))
+    assert isinstance(made, RubricJudge)
+    assert (made.context_turns, made.max_asks, made.threshold) == (2, 4, 3)
+    assert "maxLength" in json.dumps(made.schema)
+    unbounded = spec(model, TAXONOMY, run, judge_options("rubric", {"string_limits": False}))
+    assert isinstance(unbounded, RubricJudge) and "maxLength" not in json.dumps(unbounded.schema)
+    with pytest.raises(InputError) as caught:
+        judge_options("rubric", {"temperature": 1.0}, "c.toml")
+    assert (caught.value.field, caught.value.reason) == ("judge.temperature", "unknown field")
+    with pytest.raises(InputError, match=r"judge\.string_limits: expected bool, got str"):
+        judge_options("rubric", {"string_limits": "no"}, "c.toml")
 
 
 async def test_prompt_shows_a_stored_lookahead_after_the_committed_turns() -> None:
@@ -623,7 +626,7 @@ def test_a_harm_of_omission_is_evidenced_by_the_clients_words(
     else:
         checked = check_verdict(verdict, "Let's talk about your weekend.", utterance=utterance)
         assert checked.verdict.evidence == kept
-        assert judges.is_omission(kept[0])
+        assert is_omission(kept[0])
 
 
 def test_the_reask_never_suggests_another_severity() -> None:

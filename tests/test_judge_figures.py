@@ -25,14 +25,9 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.report import load_report, render_text, report_json
 from mhsafeeval.stats import krippendorff_alpha, permutation_test_paired, weighted_kappa
-from mhsafeeval.storage import (
-    CampaignLog,
-    MemoryEventStore,
-    RaterFacts,
-    compare_models,
-    compute_metrics,
-    panel_vote,
-)
+from mhsafeeval.storage import CampaignLog, MemoryEventStore, compare_models, compute_metrics
+from mhsafeeval.storage._log import RaterFacts
+from mhsafeeval.storage._metrics import panel_vote
 
 CELLS = [("blaming", "enabler"), ("gaslighting", "enabler")]
 SEARCH = [1, 3, 2, 4, 1, 5, 2, 3]

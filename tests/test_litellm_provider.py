@@ -27,7 +27,6 @@ from mhsafeeval.runtime.providers import (
     ModelCallError,
     ModelSettings,
     PermanentProviderError,
-    ProviderUnavailable,
     ResilientClient,
     TransientProviderError,
     open_model,
@@ -39,6 +38,7 @@ from mhsafeeval.runtime.providers._litellm import (
     parse_retry_after,
     strict_subset,
 )
+from mhsafeeval.runtime.providers._types import ProviderUnavailable
 
 pytestmark = pytest.mark.anyio
 

@@ -16,16 +16,12 @@ import msgspec
 import pytest
 
 from helpers import cli
-from mhsafeeval.judges import VERDICT_SCHEMA, VerdictPayload, build_judge_messages
+from mhsafeeval.judges import VERDICT_SCHEMA, build_judge_messages
+from mhsafeeval.judges._verdict import VerdictPayload
 from mhsafeeval.messages import Exchange
-from mhsafeeval.runtime.providers import (
-    CallParams,
-    ChatMessage,
-    ModelSettings,
-    ProviderUnavailable,
-    open_model,
-)
+from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings, open_model
 from mhsafeeval.runtime.providers._local import bounded_schema, gemma_prompt
+from mhsafeeval.runtime.providers._types import ProviderUnavailable
 from mhsafeeval.taxonomy import builtin_taxonomy
 
 if os.environ.get("CI"):

@@ -21,16 +21,17 @@ import pytest
 import structlog
 import structlog.testing
 
-from mhsafeeval.judges import VERDICT_SCHEMA, VerdictPayload, build_judge_messages
+from mhsafeeval.judges import VERDICT_SCHEMA, build_judge_messages
+from mhsafeeval.judges._verdict import VerdictPayload
 from mhsafeeval.messages import Exchange
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
     ModelCallError,
     ModelSettings,
-    ProviderUnavailable,
     open_model,
 )
+from mhsafeeval.runtime.providers._types import ProviderUnavailable
 from mhsafeeval.taxonomy import builtin_taxonomy
 
 if os.environ.get("CI"):

@@ -580,7 +580,7 @@ def test_rejudge_cli_summary_exit_codes_and_bad_input(
 
 def test_estimate_counts_the_panels_calls() -> None:
     """--estimate: every judged reply once per panel member and sample, with the re-asks."""
-    from mhsafeeval.campaign import estimate_calls
+    from mhsafeeval.plan import estimate_calls
 
     with_panel = estimate_calls(config())
     without = estimate_calls(config(panel=""))

@@ -15,8 +15,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from mhsafeeval.agents import ClientAgent, ClientProfile, load_profiles, profile_from_mapping
-from mhsafeeval.campaign import build_plan, run_campaign
+from mhsafeeval.agents import ClientAgent, ClientProfile, load_profiles
+from mhsafeeval.agents.profiles import profile_from_mapping
+from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import (
     CLIENT_STYLES,
     Config,
@@ -27,9 +28,10 @@ from mhsafeeval.config import (
 from mhsafeeval.errors import InputError
 from mhsafeeval.export import attempt_records, export
 from mhsafeeval.messages import ConversationStarted, Instruction
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
+from mhsafeeval.plan import build_plan
+from mhsafeeval.runtime.providers import CallParams, ChatMessage, ScriptedModel
 from mhsafeeval.storage import MemoryEventStore
-from mhsafeeval.testing import ScriptedModel, register_script
+from mhsafeeval.testing import register_script
 
 ALL_STYLES = ["plain", "verbose", "go off on tangents", "hostile", "guarded", "ingratiating"]
 

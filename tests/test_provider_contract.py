@@ -26,16 +26,17 @@ from mhsafeeval.runtime.providers import (
     ModelCallError,
     ModelClient,
     ModelSettings,
+    ScriptedModel,
     TransientProviderError,
     open_model,
     provider,
-    provider_info,
 )
 from mhsafeeval.runtime.providers._litellm import LiteLLMOptions
 from mhsafeeval.runtime.providers._local import LocalModel, LocalOptions
+from mhsafeeval.runtime.providers._registry import provider_info
 from mhsafeeval.runtime.providers._scripted import ScriptedOptions
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import ScriptedModel, register_script
+from mhsafeeval.testing import register_script
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,13 +16,14 @@ from mhsafeeval.runtime.providers import (
     ModelCallError,
     ModelSettings,
     PermanentProviderError,
-    ProviderUnavailable,
     TransientProviderError,
     available_providers,
     open_model,
     provider,
 )
-from mhsafeeval.testing import ScriptedModel, ScriptExhausted, register_script
+from mhsafeeval.runtime.providers._scripted import ScriptedModel, ScriptExhausted
+from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.testing import register_script
 
 pytestmark = pytest.mark.anyio
 HELLO = [ChatMessage("user", "hello")]

@@ -19,14 +19,8 @@ import pytest
 from mhsafeeval import storage
 from mhsafeeval.errors import InputError
 from mhsafeeval.runtime._message import Message
-from mhsafeeval.storage import (
-    SCHEMA_VERSION,
-    EventStore,
-    MemoryEventStore,
-    SqliteEventStore,
-    StorageError,
-    StoredEvent,
-)
+from mhsafeeval.storage import EventStore, MemoryEventStore, SqliteEventStore
+from mhsafeeval.storage._protocol import SCHEMA_VERSION, StorageError, StoredEvent
 
 
 class Note(Message, frozen=True, tag="test.storage.note"):

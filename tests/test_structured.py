@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
+    ScriptedModel,
     StructuredOutputError,
     complete_structured,
-    extract_json,
 )
-from mhsafeeval.testing import ScriptedModel
+from mhsafeeval.runtime.providers._structured import extract_json
 
 pytestmark = pytest.mark.anyio
 
@@ -112,9 +112,8 @@ def test_answer_schemas_are_generated_from_the_structs_that_decode_them() -> Non
     was written by hand before, and their bounds are the very ones decoding enforces."""
     import json
 
-    from mhsafeeval.agents import INSTRUCTION_SCHEMA, NOTES_SCHEMA
-    from mhsafeeval.agents._mutator import _Written
-    from mhsafeeval.agents._refiner import _Notes
+    from mhsafeeval.agents._mutator import INSTRUCTION_SCHEMA, _Written
+    from mhsafeeval.agents._refiner import NOTES_SCHEMA, _Notes
     from mhsafeeval.runtime.providers import answer_schema
 
     assert json.dumps(NOTES_SCHEMA) == json.dumps(

@@ -30,7 +30,8 @@ from mhsafeeval.messages import (
     lookahead_branch,
 )
 from mhsafeeval.runtime import Runtime
-from mhsafeeval.search import SearchRun, UCTController, UCTOptions
+from mhsafeeval.search import SearchRun
+from mhsafeeval.search._uct_controller import UCTController, UCTOptions
 from mhsafeeval.search.uct import UCTTree, reward
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy

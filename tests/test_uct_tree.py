@@ -118,7 +118,7 @@ def test_reward_threshold_bonus_and_clamp() -> None:
 def test_select_is_none_until_the_root_is_expanded() -> None:
     tree = UCTTree(random.Random(0))
     assert tree.select() is None
-    assert not tree.expanded()
+    assert tree_state(tree)["root"]["children"] is None  # no candidates yet
     assert tree.best_action() is None
 
 
@@ -347,7 +347,8 @@ def test_reroot_starts_the_next_turn_at_the_chosen_reply() -> None:
     assert tree_state(child)["root"] == before["root"]["children"][0]["samples"][0]
     assert child.stats()["root_visits"] == 1
     assert child.stats()["in_flight_marks"] == 0
-    assert (child.expanded(), child.sample_keys(), child.best_action()) == (False, [], None)
+    assert tree_state(child)["root"]["children"] is None
+    assert (child.sample_keys(), child.best_action()) == ([], None)
     assert child.select() is None  # the next turn waits for its candidates
     child.expand([(C, 1.0), (D, 1.0)])
     assert must(child.select()).action in (C, D)

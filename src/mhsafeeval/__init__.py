@@ -18,11 +18,10 @@ are imported only when a model or store that needs them is opened.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
 
 from mhsafeeval.engine import Graph, Node, RunResult, run_graph
 from mhsafeeval.errors import InputError, MhSafeEvalError
-from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, on
+from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, lazy_exports, on
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
@@ -30,10 +29,11 @@ from mhsafeeval.runtime.providers import (
     ModelCallError,
     ModelClient,
     ModelSettings,
+    ScriptedModel,
     open_model,
     provider,
+    register_script,
 )
-from mhsafeeval.runtime.providers._scripted import ScriptedModel, register_script
 from mhsafeeval.search import SearchController, controller
 from mhsafeeval.storage import EventStore, MemoryEventStore
 
@@ -74,10 +74,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _Any:
-    # The SQLite store imports aiosqlite: only when it is asked for.
-    if name == "SqliteEventStore":
-        from mhsafeeval.storage import SqliteEventStore
-
-        return SqliteEventStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The SQLite store imports aiosqlite: only when it is asked for.
+__getattr__ = lazy_exports(__name__, {"SqliteEventStore": "mhsafeeval.storage"})

@@ -29,6 +29,7 @@ from mhsafeeval.runtime.providers import (
     Completion,
     ModelClient,
 )
+from mhsafeeval.runtime.providers._wrapper import ClientWrapper
 from mhsafeeval.storage import CampaignLog
 
 __all__ = ["Budget", "BudgetedModel", "check_prices"]
@@ -170,38 +171,14 @@ class Budget:
             await self._idle.wait()
 
 
-class BudgetedModel:
+class BudgetedModel(ClientWrapper):
     """A model client whose calls go through a :class:`Budget` (same interface otherwise:
     everything but :meth:`complete` is the inner client's)."""
 
     def __init__(self, inner: ModelClient, budget: Budget, *, counselor: bool) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.budget = budget
         self.counselor = counselor
-        self.name = inner.name
-
-    @property
-    def supports_json_schema(self) -> bool:
-        """The provider's, read live: a provider may learn that its server refuses schemas."""
-        return self.inner.supports_json_schema
-
-    @property
-    def sampling(self) -> CallParams:
-        """The inner client's."""
-        return self.inner.sampling
-
-    @property
-    def connection_key(self) -> str:
-        """The inner client's."""
-        return self.inner.connection_key
-
-    def should_retry(self, error: Exception) -> bool:
-        """The inner client's word."""
-        return self.inner.should_retry(error)
-
-    def price(self, completion: Completion) -> float | None:
-        """The inner client's price."""
-        return self.inner.price(completion)
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None

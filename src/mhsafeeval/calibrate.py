@@ -34,6 +34,7 @@ from mhsafeeval.judges import (
     RubricJudge,
     build_judge_messages,
 )
+from mhsafeeval.runtime._resource import AsyncResource
 from mhsafeeval.runtime.providers import (
     ChatMessage,
     ModelCallError,
@@ -42,6 +43,10 @@ from mhsafeeval.runtime.providers import (
     StructuredOutputError,
 )
 from mhsafeeval.stats import (
+    CONFIDENCE,
+    LEVELS,
+    RESAMPLES,
+    SEED,
     bootstrap_statistic,
     confusion_matrix,
     spearman_rho,
@@ -69,10 +74,6 @@ __all__ = [
     "summarise",
 ]
 
-LEVELS = (1, 2, 3, 4, 5)
-RESAMPLES = 2000
-SEED = 0
-CONFIDENCE = 0.95
 _KIND = "mhsafeeval-calibration"
 _SCHEMA_VERSION = "1"
 
@@ -149,7 +150,7 @@ async def rate_exchange(
     )
 
 
-class RatingCache:
+class RatingCache(AsyncResource):
     """Ratings in one SQLite file (WAL): one connection, each rating committed on its own.
 
     Args:
@@ -162,13 +163,6 @@ class RatingCache:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._conn: aiosqlite.Connection | None = None
-
-    async def __aenter__(self) -> RatingCache:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def open(self) -> None:
         """Open (or create) the file and check that it holds calibration ratings."""

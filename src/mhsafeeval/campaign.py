@@ -1,50 +1,37 @@
-"""The campaign builder: the composition root that wires every layer into one run.
+"""The MHSafeEval campaign: one graph declaration on the engine, and the run that opens its models.
 
-One campaign = counselor models x client profiles x conversations per profile. Each
-conversation gets its own client, mutator, counselor, judge and refiner instances (one per
-conversation, created on first message); one search controller sees every conversation and owns
-one harm archive per counselor model; a scheduler keeps ``concurrency`` conversations going; the
-event store records every message.
+One campaign = counselor models x client profiles x conversations per profile (the plan,
+:mod:`mhsafeeval.plan`). Each conversation gets its own client, mutator, counselor, judge and
+refiner instances; one search controller sees every conversation and owns one harm archive per
+counselor model; the engine (:func:`mhsafeeval.engine.run_graph`) schedules, stores, resumes and
+stops it.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-import hashlib
-import json
-import os
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
-import structlog
 from anyio.abc import TaskStatus
 
 from mhsafeeval.agents import (
     DEFAULT_COUNSELOR_PROMPT,
     ClientAgent,
-    ClientProfile,
     CounselorAgent,
     MutatorAgent,
     RefinerAgent,
-    builtin_profiles,
-    load_profiles,
 )
 from mhsafeeval.budget import Budget, BudgetedModel, check_prices
 from mhsafeeval.config import (
     Config,
-    canonical_config,
-    check_planned_size,
-    check_runnable,
-    config_differences,
 )
 from mhsafeeval.engine import Graph, Node, RunResult, Service, load_stored, run_graph
 from mhsafeeval.errors import InputError
-from mhsafeeval.judges import JUDGES, PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
+from mhsafeeval.judges import PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
 from mhsafeeval.judges import rater_address as _rater_address
 from mhsafeeval.messages import (
     ANSWERED_BY,
@@ -59,8 +46,17 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Verdict,
 )
+from mhsafeeval.plan import (
+    CampaignPlan,
+    ConversationSpec,
+    build_plan,
+    judge_run,
+    search_run,
+    stored_config,
+    stored_differences,
+)
 from mhsafeeval.rejudge import RatingPool, RatingStats, raters_for
-from mhsafeeval.runtime import AgentId, PluginNotFound
+from mhsafeeval.runtime import AgentId
 from mhsafeeval.runtime.providers import (
     Connections,
     ModelClient,
@@ -68,24 +64,10 @@ from mhsafeeval.runtime.providers import (
     ResilientClient,
     open_model,
 )
-from mhsafeeval.runtime.providers._registry import settings_problems
-from mhsafeeval.search import CONTROLLERS, ControllerSpec, SearchRun, controller_options
 from mhsafeeval.storage import EventStore
-from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy, load_taxonomy, taxonomy_to_text
+from mhsafeeval.taxonomy import Taxonomy
 
-__all__ = [
-    "CampaignPlan",
-    "CampaignResult",
-    "ConversationSpec",
-    "Preflight",
-    "build_plan",
-    "estimate_calls",
-    "preflight",
-    "run_campaign",
-    "taxonomy_fingerprint",
-]
-
-log = structlog.get_logger("mhsafeeval.campaign")
+__all__ = ["DEMO_CONFIG", "CampaignResult", "campaign_graph", "run_campaign"]
 
 DEMO_CONFIG = Path(__file__).parent / "data" / "demo.toml"
 """The offline demo campaign (every role on local/gemma-3-270m), run by a bare `mhsafeeval run`."""
@@ -94,282 +76,11 @@ JUDGE_INPUTS: tuple[type[Message], ...] = (TurnCommitted, ClientUtterance, Couns
 """What a judge consumes (it publishes Verdict, Unjudged or CallFailed for each reply)."""
 
 
-class ConversationSpec(msgspec.Struct, frozen=True):
-    """One planned conversation (``style``: the conversational style its client plays, ``""``
-    for none)."""
-
-    id: str
-    counselor: str
-    profile: ClientProfile
-    index: int
-    style: str = ""
-
-
 class CampaignResult(RunResult, kw_only=True):
     """How a run ended (:class:`~mhsafeeval.engine.RunResult`), with the panel's part."""
 
     panel: RatingStats | None = None
     """What the ``[judges]`` panel did in this run (None: no panel)."""
-
-
-class CampaignPlan(msgspec.Struct, frozen=True):
-    """What :func:`build_plan` made of a config: the taxonomy and every planned conversation.
-    Built once per command and passed on."""
-
-    taxonomy: Taxonomy
-    conversations: tuple[ConversationSpec, ...]
-    controller: ControllerSpec
-    """The selected controller's declaration."""
-    options: msgspec.Struct
-    """``[search]`` decoded by that controller (what the campaign stores of it)."""
-
-
-def _resolve(path: str, base: Path | None) -> Path:
-    p = Path(path).expanduser()
-    return p if p.is_absolute() or base is None else base / p
-
-
-def build_plan(config: Config, source: str | Path = "<config>") -> CampaignPlan:
-    """Load the taxonomy and profiles and list the conversations, or raise InputError.
-
-    Relative paths in the config are relative to the config file's folder.
-    """
-    check_runnable(config, source)
-    base = Path(source).parent if str(source) != "<config>" else None
-    c = config.campaign
-    taxonomy = (
-        builtin_taxonomy() if c.taxonomy == "builtin" else load_taxonomy(_resolve(c.taxonomy, base))
-    )
-    profiles = (
-        builtin_profiles() if c.profiles == "builtin" else load_profiles(_resolve(c.profiles, base))
-    )
-    if c.profile_ids:
-        profiles = _select_profiles(profiles, c.profile_ids, source)
-    try:
-        controller = CONTROLLERS.get(c.controller)
-        JUDGES.get(c.judge)
-    except PluginNotFound as exc:
-        field = "campaign.controller" if "controller" in str(exc) else "campaign.judge"
-        raise InputError(source, field, str(exc)) from None
-    options = controller_options(c.controller, config.search, source)
-    check_planned_size(len(config.counselors), len(profiles), c.conversations_per_profile, source)
-    specs = tuple(
-        ConversationSpec(
-            cid,
-            counselor,
-            profile,
-            index,
-            conversation_style(c.style, c.seed, cid, profile.styles),
-        )
-        for counselor in config.counselors
-        for profile in profiles
-        for index in range(c.conversations_per_profile)
-        for cid in (conversation_id(c.name, counselor, profile.id, index),)
-    )
-    ids = Counter(spec.id for spec in specs)
-    if len(ids) != len(specs):  # cannot happen with distinct names: a last line of defence
-        twice = [i for i, n in ids.items() if n > 1]
-        raise InputError(source, "campaign", f"two conversations would share the id {twice[0]!r}")
-    return CampaignPlan(taxonomy, specs, controller, options)
-
-
-def _search_run(config: Config) -> SearchRun:
-    """What the campaign tells its controller, whichever it is."""
-    c, a = config.campaign, config.ablation
-    return SearchRun(
-        seed=c.seed,
-        max_attempts=c.max_attempts,
-        threshold=c.threshold,
-        single_turn=a.single_turn,
-        role_conditioning=not a.no_role_conditioning,
-        qd_search=not a.no_qd_search,
-    )
-
-
-def _stored(config: Config, plan: CampaignPlan) -> Config:
-    """``config`` as the campaign stores it: ``[search]`` as its controller decoded it."""
-    return msgspec.structs.replace(config, search=msgspec.to_builtins(plan.options))
-
-
-_GLOB = frozenset("*?[")  # characters no profile id has: an entry with one is a pattern
-
-
-def _select_profiles(
-    profiles: list[ClientProfile], wanted: list[str], source: str | Path
-) -> list[ClientProfile]:
-    """``campaign.profile_ids``: ids and fnmatch globs (``depression/*``), in the order listed,
-    each glob's matches in load order, every profile once."""
-    literal = [i for i in wanted if _GLOB.isdisjoint(i)]
-    repeated = sorted({i for i in literal if literal.count(i) > 1})
-    if repeated:  # two conversations would share one id: one of them would be lost
-        raise InputError(
-            source,
-            "campaign.profile_ids",
-            f"profile ids are repeated: {', '.join(map(repr, repeated))} (list each once; "
-            "use campaign.conversations_per_profile for more conversations per profile)",
-        )
-    by_id = {p.id: p for p in profiles}
-    known = ", ".join(list(by_id)[:12]) + (
-        f", ... ({len(by_id)} in all)" if len(by_id) > 12 else ""
-    )
-    chosen: dict[str, ClientProfile] = {}
-    for entry in wanted:
-        if _GLOB.isdisjoint(entry):
-            if entry not in by_id:
-                raise InputError(
-                    source,
-                    "campaign.profile_ids",
-                    f"no profile {entry!r} (known: {known})",
-                )
-            chosen.setdefault(entry, by_id[entry])
-            continue
-        matches = [p for p in profiles if fnmatch.fnmatchcase(p.id, entry)]
-        if not matches:
-            raise InputError(
-                source,
-                "campaign.profile_ids",
-                f"no profile matches {entry!r} (known: {known})",
-            )
-        for p in matches:
-            chosen.setdefault(p.id, p)
-    return list(chosen.values())
-
-
-def conversation_style(option: str, seed: int, conversation: str, styles: tuple[str, ...]) -> str:
-    """The style a conversation's client plays under ``campaign.style = option``.
-
-    ``"none"``: none (``""``); a style name: that one; ``"random"``: one of the profile's
-    ``styles`` (none if it has none), drawn from the campaign seed and the conversation id
-    alone, so a resumed run, or the same conversation in a larger plan, draws the same.
-    """
-    if option == "none" or (option == "random" and not styles):
-        return ""
-    if option != "random":
-        return option
-    payload = json.dumps([seed, conversation], separators=(",", ":")).encode()
-    digest = hashlib.blake2b(payload, digest_size=8, person=b"mhsafeeval.style").digest()
-    return styles[int.from_bytes(digest, "big") % len(styles)]
-
-
-def conversation_id(campaign: str, counselor: str, profile: str, index: int) -> str:
-    """``campaign/counselor/profile/index``, unique by construction: a ``/`` or ``%`` inside
-    a name is percent-encoded, so ``a/b`` + ``c`` and ``a`` + ``b/c`` never meet. Names
-    without those characters give the same ids as before."""
-
-    def part(name: str) -> str:
-        return name.replace("%", "%25").replace("/", "%2F")
-
-    return f"{part(campaign)}/{part(counselor)}/{part(profile)}/{index}"
-
-
-def estimate_calls(
-    config: Config, source: str | Path = "<config>", *, plan: CampaignPlan | None = None
-) -> dict[str, tuple[int, int]]:
-    """Model calls per agent role a campaign will make: (fewest, most), before any call.
-
-    The fewest: every turn succeeds at once and every answer is valid the first time. The
-    most: every attempt is used, every failing attempt is refined, and the judge re-asks to its
-    limit. A ``[judges]`` panel rates every judged reply once per member and sample
-    (``panel``). Failed calls that are retried inside a provider are not counted (they are retries).
-    ``plan``: the one :func:`build_plan` made for this command (built here when None).
-    """
-    plan = plan if plan is not None else build_plan(config, source)
-    c = config.campaign
-    turns = len(plan.conversations) * (1 if config.ablation.single_turn else c.max_turns)
-    low, high = plan.controller.turn_attempts(plan.options, _search_run(config))
-    low_attempts, high_attempts = turns * low, turns * high
-    refined = turns * (high - 1) if plan.controller.uses_refiner else 0
-    out = {
-        "mutator": (low_attempts, high_attempts * 3),
-        "client": (low_attempts, high_attempts * 2),
-        "counselor": (low_attempts, high_attempts),
-        "judge": (low_attempts, high_attempts * c.judge_max_asks),
-        "refiner": (0, refined * 3),
-    }
-    raters = len(config.judges.panel) * config.judges.samples
-    if raters:  # every judged reply, once per rater, with the judge's re-asks
-        out["panel"] = (low_attempts * raters, high_attempts * raters * c.judge_max_asks)
-    return out
-
-
-class Preflight(msgspec.Struct, frozen=True):
-    """What :func:`preflight` found that does not make a config wrong."""
-
-    missing: tuple[InputError, ...] = ()
-    """What this machine lacks to run (an unset ``api_key_env``): ``run`` refuses to start,
-    ``check`` warns."""
-    warnings: tuple[InputError, ...] = ()
-    """Worth knowing, never refused (``campaign.concurrency`` beyond what the counselors take)."""
-
-
-def preflight(config: Config, source: str | Path = "<config>") -> Preflight:
-    """Check the models without calling any, before anything is written.
-
-    Every provider prefix must be known, every option one its provider accepts, every litellm
-    model one litellm can route (litellm is imported only when a table names a litellm model).
-
-    Raises:
-        InputError: the first model table its provider refuses, naming the key.
-    """
-    missing: list[InputError] = []
-    for where, model in config.model_tables():
-        for field, reason in settings_problems(model):
-            raise InputError(source, f"{where}.{field}", reason)
-        for field, variable in _environment_names(model):
-            if not os.environ.get(variable):
-                reason = f"the environment variable {variable} is not set"
-                missing.append(InputError(source, f"{where}.{field}", reason))
-    # Counselor calls share one limit per distinct settings (see run_campaign's client_for).
-    limits = {msgspec.json.encode(m): m.max_concurrency for m in config.counselors.values()}
-    warnings = []
-    if config.campaign.concurrency > sum(limits.values()):
-        warnings.append(
-            InputError(
-                source,
-                "campaign.concurrency",
-                f"{config.campaign.concurrency} is more than the counselor models allow "
-                f"together ({sum(limits.values())} calls in flight: the sum of "
-                "counselors.*.max_concurrency); the other conversations only wait, which "
-                "slows the run down",
-            )
-        )
-    return Preflight(tuple(missing), tuple(warnings))
-
-
-def _environment_names(model: ModelSettings) -> list[tuple[str, str]]:
-    """The environment variables a model table names: ``api_key_env`` and the ``*_env``
-    options (``extra_headers_env = { Authorization = "VAR" }``), with their key paths."""
-    names = [("api_key_env", model.api_key_env)] if model.api_key_env else []
-    for key, value in model.options.items():
-        if key.endswith("_env") and isinstance(value, dict):
-            names += [(f"options.{key}.{k}", v) for k, v in value.items() if isinstance(v, str)]
-        elif key.endswith("_env") and isinstance(value, str):
-            names.append((f"options.{key}", value))
-    return names
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
-
-
-def taxonomy_fingerprint(taxonomy: Taxonomy) -> str:
-    """The digest a campaign stores of its taxonomy (``inputs.taxonomy``): every cell and
-    ladder, so a taxonomy that differs in anything a judge is shown differs here."""
-    return _digest(taxonomy_to_text(taxonomy, detail=True).encode())
-
-
-def _fingerprints(plan: CampaignPlan) -> dict[str, str]:
-    """Digests of the taxonomy and the planned profiles: a resumed campaign must use the same."""
-
-    profiles: dict[str, Any] = {}
-    for s in plan.conversations:
-        data = profiles[s.profile.id] = msgspec.to_builtins(s.profile)
-        if not data["styles"]:  # added later: profiles without styles keep their old digest
-            del data["styles"]
-    return {
-        "taxonomy": taxonomy_fingerprint(plan.taxonomy),
-        "profiles": _digest(msgspec.json.encode(sorted(profiles.items()))),
-    }
 
 
 async def run_campaign(
@@ -381,6 +92,7 @@ async def run_campaign(
     observers: tuple[Callable[[Message], Any], ...] = (),
     open_client: Callable[[ModelSettings], ResilientClient] | None = None,
     plan: CampaignPlan | None = None,
+    on_clients: Callable[[list[ResilientClient]], None] | None = None,
 ) -> CampaignResult:
     """Run a whole campaign, storing every message in ``store`` (already open).
 
@@ -389,6 +101,9 @@ async def run_campaign(
     the run **resumes** it (transcripts, archives, refiner notes, UCT trees and RNG draws come
     back from the stored messages without any model call, and only the work in flight when it
     stopped is done again). A campaign that already finished is returned as it is.
+
+    ``observers`` see every message (replayed ones too); ``on_clients`` is given the model
+    clients once they are open (a progress display shows their retries).
 
     Raises:
         InputError: a bad taxonomy, profile set, controller or judge name, or a stored campaign
@@ -430,10 +145,8 @@ async def run_campaign(
         config_text=config_text,
         services=(panel,) if panel is not None else (),
     )
-    for observer in observers:  # a progress display reads retry counts from the clients
-        attach = getattr(observer, "attach_clients", None)
-        if attach is not None:
-            attach(clients.values())
+    if on_clients is not None:  # a progress display reads retry counts from the clients
+        on_clients(list(clients.values()))
     result = await run_graph(
         graph,
         store,
@@ -477,7 +190,7 @@ def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable
     name = config.campaign.name
 
     def check(stored: str) -> None:
-        differences = config_differences(stored, _stored(config, plan), _fingerprints(plan))
+        differences = stored_differences(stored, config, plan)
         if differences:
             shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
             raise InputError(
@@ -509,8 +222,7 @@ def campaign_graph(
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
     specs = {spec.id: spec for spec in plan.conversations}
-    run = _search_run(config)
-    make_judge = JUDGES.get(c.judge)
+    run, judging = search_run(config), judge_run(config)
     system_prompt = c.counselor_system_prompt or DEFAULT_COUNSELOR_PROMPT
 
     def spec(agent_id: AgentId) -> ConversationSpec:
@@ -545,13 +257,7 @@ def campaign_graph(
         ),
         Node(
             "judge",
-            lambda aid: make_judge(
-                roles["judge"],
-                plan.taxonomy,
-                context_turns=c.context_turns,
-                max_asks=c.judge_max_asks,
-                threshold=c.threshold,
-            ),
+            lambda aid: plan.judge(roles["judge"], plan.taxonomy, judging, plan.judge_options),
             JUDGE_INPUTS,
         ),
     ]
@@ -578,7 +284,7 @@ def campaign_graph(
             planned_conversations=len(starts),
             max_turns=1 if a.single_turn else c.max_turns,
         ),
-        config=canonical_config(_stored(config, plan), _fingerprints(plan)),
+        config=stored_config(config, plan),
         accepts=None,
         settled=SETTLED,
         services=services,
@@ -644,12 +350,7 @@ def _panel(
     raters = []
     for settings in members.values():
         judge = RubricJudge(
-            client_for(settings),
-            taxonomy,
-            context_turns=c.context_turns,
-            max_asks=c.judge_max_asks,
-            name=settings.provider,
-            threshold=c.threshold,
+            client_for(settings), taxonomy, **judge_run(config).settings(), name=settings.provider
         )
         raters += raters_for(settings.provider, config.judges.samples, judge)
     pool = RatingPool(

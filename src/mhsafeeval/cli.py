@@ -356,8 +356,8 @@ def _providers(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from mhsafeeval.campaign import build_plan, preflight
     from mhsafeeval.config import load_config
+    from mhsafeeval.plan import build_plan, preflight
 
     path: Path = args.config
     config = load_config(path)  # the file is read once
@@ -408,14 +408,9 @@ def _taxonomy(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from mhsafeeval.campaign import (
-        DEMO_CONFIG,
-        build_plan,
-        estimate_calls,
-        preflight,
-        run_campaign,
-    )
+    from mhsafeeval.campaign import DEMO_CONFIG, run_campaign
     from mhsafeeval.config import parse_config, read_config
+    from mhsafeeval.plan import build_plan, estimate_calls, preflight
     from mhsafeeval.progress import Progress
     from mhsafeeval.report import load_report, render_text
     from mhsafeeval.storage import SqliteEventStore
@@ -444,7 +439,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise found.missing[0]
     for warning in found.warnings:
         print(visible(f"mhsafeeval: warning: {warning}"), file=sys.stderr)
-    observers = () if args.quiet else (Progress(every_s=args.progress_every),)
+    progress = None if args.quiet else Progress(every_s=args.progress_every)
     async with SqliteEventStore(db) as store:  # the one open of the database
         counts = {c.id: c.event_count for c in await store.list_campaigns()}
         stored = counts.get(config.campaign.name, 0)
@@ -457,7 +452,13 @@ async def _run(args: argparse.Namespace) -> int:
         else:
             print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
         result = await run_campaign(
-            config, store, source=source, config_text=text, observers=observers, plan=plan
+            config,
+            store,
+            source=source,
+            config_text=text,
+            observers=(progress,) if progress is not None else (),
+            on_clients=progress.attach_clients if progress is not None else None,
+            plan=plan,
         )
         reports = await load_report(store, config.campaign.name)
         await store.flush()
@@ -687,8 +688,7 @@ def _judge_settings(args: argparse.Namespace, address: str) -> ModelSettings:
     """``--judge ADDRESS`` with the sampling options, as model settings (InputError naming
     the option when one is wrong)."""
     from mhsafeeval.errors import validation_error
-    from mhsafeeval.runtime.providers import ModelSettings
-    from mhsafeeval.runtime.providers._registry import settings_problems
+    from mhsafeeval.runtime.providers import ModelSettings, settings_problems
 
     try:
         settings = ModelSettings(

@@ -186,10 +186,11 @@ class JudgesSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 )
 
 
-_ADDED_LATER = {"campaign.style": "random"}
+_ADDED_LATER: dict[str, Any] = {"campaign.style": "random", "judge": {}}
 # Keys added after campaigns were first stored, with the value that means how a campaign stored
 # without them ran ("random" plays no style for profiles without styles, and before styles
-# existed no profile had any: the profiles' fingerprint tells the rest).
+# existed no profile had any: the profiles' fingerprint tells the rest; no [judge] table is the
+# rubric judge's defaults).
 
 _REMOVED: dict[str, tuple[Any, str]] = {
     "search.depth": (
@@ -237,6 +238,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     search: dict[str, Any] = {}
     """``[search]``: the selected controller's options, decoded (and checked) by
     :func:`mhsafeeval.search.controller_options` once the controller is known."""
+    judge: dict[str, Any] = {}
+    """``[judge]``: the options of ``campaign.judge`` (the search's judge), decoded (and
+    checked) by :func:`mhsafeeval.judges.judge_options` once the judge is known."""
     budget: BudgetSection = BudgetSection()
     models: dict[str, ModelSettings] = {}
     counselors: dict[str, ModelSettings] = {}

@@ -138,6 +138,18 @@ class Seed(msgspec.Struct, frozen=True, kw_only=True):
     reply: str = ""
     severity: int = 0
 
+    @classmethod
+    def of(cls, elite: Elite) -> Seed:
+        """The seed an archive elite gives: its cell, texts and severity."""
+        return cls(
+            category=elite.category,
+            role=elite.role,
+            instruction=elite.instruction,
+            utterance=elite.utterance,
+            reply=elite.reply,
+            severity=elite.severity,
+        )
+
 
 class Exchange(msgspec.Struct, frozen=True):
     """One exchange of a conversation: what the client said and what the counselor answered

@@ -283,7 +283,7 @@ async def rejudge(
         InputError: ``store`` holds no such campaign (or several and none was named), or the
             taxonomy the campaign used cannot be had.
     """
-    from mhsafeeval.campaign import taxonomy_fingerprint
+    from mhsafeeval.plan import taxonomy_fingerprint
 
     if open_client is None:
         from mhsafeeval.runtime.providers import open_model

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from typing import Final, TypedDict, TypeVar
 
 __all__ = [
+    "CONFIDENCE",
+    "LEVELS",
+    "RESAMPLES",
+    "SEED",
     "Rate",
     "ThresholdRates",
     "alpha_from_coincidences",
@@ -55,7 +59,15 @@ __all__ = [
 
 T = TypeVar("T")
 
-_SEVERITY_LEVELS: Final[tuple[int, ...]] = (1, 2, 3, 4, 5)
+RESAMPLES: Final = 2000
+"""Bootstrap resamples behind an interval, unless a caller asks for more or fewer."""
+SEED: Final = 0
+"""The resampling RNG's seed: the same data give the same intervals."""
+CONFIDENCE: Final = 0.95
+"""The coverage of every interval, unless a caller asks for another."""
+
+LEVELS: Final[tuple[int, ...]] = (1, 2, 3, 4, 5)
+"""The severity levels, 1 (safe) to 5 (severe): what the agreement statistics count over."""
 
 # The largest sample for which permutation_test_paired enumerates all 2**n sign patterns.
 _EXACT_MAX_N: Final = 12
@@ -179,7 +191,9 @@ def _check_confidence(confidence: float) -> float:
     return normal_quantile(1.0 - (1.0 - confidence) / 2.0)
 
 
-def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+def wilson_interval(
+    successes: int, trials: int, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
     """The Wilson score interval of a proportion ``successes / trials``.
 
     Unlike the normal ("Wald") interval it stays inside [0, 1] and does not collapse to a
@@ -222,7 +236,7 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     return (low, high)
 
 
-def rate_wilson(successes: int, trials: int, confidence: float = 0.95) -> Rate:
+def rate_wilson(successes: int, trials: int, confidence: float = CONFIDENCE) -> Rate:
     """A :class:`Rate` of independent trials with its Wilson interval.
 
     Args:
@@ -271,9 +285,9 @@ def bootstrap_statistic(
     units: Sequence[T],
     statistic: Callable[[Sequence[T]], float],
     *,
-    resamples: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    confidence: float = CONFIDENCE,
 ) -> tuple[float, float]:
     """A percentile bootstrap interval of ``statistic`` over independent ``units``.
 
@@ -336,9 +350,9 @@ def _check_clusters(clusters: Sequence[tuple[float, float]]) -> None:
 def cluster_bootstrap(
     clusters: Sequence[tuple[float, float]],
     *,
-    resamples: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    confidence: float = CONFIDENCE,
 ) -> tuple[float, float]:
     """A percentile bootstrap interval of a ratio-of-sums rate, resampling whole clusters.
 
@@ -412,9 +426,9 @@ def _counted_bootstrap(
 def rate_clustered(
     clusters: Sequence[tuple[float, float]],
     *,
-    resamples: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    confidence: float = CONFIDENCE,
 ) -> Rate:
     """A :class:`Rate` of a ratio-of-sums with its :func:`cluster_bootstrap` interval.
 
@@ -478,7 +492,7 @@ def weighted_kappa(
     a: Sequence[int],
     b: Sequence[int],
     *,
-    levels: Sequence[int] = _SEVERITY_LEVELS,
+    levels: Sequence[int] = LEVELS,
     weights: str = "quadratic",
 ) -> float:
     """Cohen's kappa between two raters, with quadratic, linear or no disagreement weights.
@@ -522,7 +536,7 @@ def krippendorff_alpha(
     ratings: Sequence[Sequence[int | None]],
     *,
     level: str = "ordinal",
-    levels: Sequence[int] = _SEVERITY_LEVELS,
+    levels: Sequence[int] = LEVELS,
 ) -> float:
     """Krippendorff's alpha of a units x coders matrix, with missing ratings allowed.
 
@@ -571,9 +585,7 @@ def krippendorff_alpha(
 Table = list[list[int]]
 
 
-def pair_table(
-    a: Sequence[int], b: Sequence[int], *, levels: Sequence[int] = _SEVERITY_LEVELS
-) -> Table:
+def pair_table(a: Sequence[int], b: Sequence[int], *, levels: Sequence[int] = LEVELS) -> Table:
     """The counts of rating pairs: ``table[i][j]`` pairs rated ``levels[i]`` by the first
     rater and ``levels[j]`` by the second (what :func:`kappa_from_table` reads).
 
@@ -622,7 +634,7 @@ def coincidence_table(
     ratings: Sequence[Sequence[int | None]],
     *,
     coders: int,
-    levels: Sequence[int] = _SEVERITY_LEVELS,
+    levels: Sequence[int] = LEVELS,
 ) -> Table:
     """Krippendorff's coincidence matrix of a units x coders matrix, in integers.
 
@@ -663,7 +675,7 @@ def alpha_from_coincidences(
     *,
     coders: int,
     level: str = "ordinal",
-    levels: Sequence[int] = _SEVERITY_LEVELS,
+    levels: Sequence[int] = LEVELS,
 ) -> float:
     """:func:`krippendorff_alpha` from a :func:`coincidence_table` (sums of such tables
     included): the same value, since alpha depends on the ratings only through it.
@@ -708,9 +720,9 @@ def cluster_bootstrap_tables(
     tables: Sequence[Table],
     statistic: Callable[[Table], float],
     *,
-    resamples: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    confidence: float = CONFIDENCE,
 ) -> tuple[float, float]:
     """A percentile bootstrap interval of a statistic of summed count tables, resampling
     whole clusters (conversations), each contributing its table of non-negative integers.
@@ -805,7 +817,7 @@ def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def confusion_matrix(
-    true: Sequence[int], pred: Sequence[int], levels: Sequence[int] = _SEVERITY_LEVELS
+    true: Sequence[int], pred: Sequence[int], levels: Sequence[int] = LEVELS
 ) -> list[list[int]]:
     """Counts of ``(true, pred)`` pairs, rows for the true level and columns for the prediction.
 
@@ -849,7 +861,7 @@ class ThresholdRates(TypedDict):
 
 
 def threshold_rates(
-    true: Sequence[int], pred: Sequence[int], threshold: int, confidence: float = 0.95
+    true: Sequence[int], pred: Sequence[int], threshold: int, confidence: float = CONFIDENCE
 ) -> ThresholdRates:
     """False positive and false negative rates at ``threshold``, with Wilson intervals.
 
@@ -899,7 +911,7 @@ def threshold_rates(
 
 
 def permutation_test_paired(
-    a: Sequence[float], b: Sequence[float], *, resamples: int = 10000, seed: int = 0
+    a: Sequence[float], b: Sequence[float], *, resamples: int = 10000, seed: int = SEED
 ) -> float:
     """Two-sided p-value for a mean paired difference, by random sign flips.
 

@@ -26,35 +26,19 @@ Example:
     ...                 types=RefinerAgent.handled_types())
 """
 
-from ._client import ClientAgent, clean_utterance
+from ._client import ClientAgent
 from ._counselor import DEFAULT_COUNSELOR_PROMPT, CounselorAgent
-from ._mutator import INSTRUCTION_SCHEMA, MutatorAgent, applied_operator
-from ._prompts import call_seed
-from ._refiner import NOTES_SCHEMA, RefinerAgent
-from .profiles import (
-    ClientProfile,
-    CognitiveModel,
-    builtin_profiles,
-    load_profiles,
-    profile_from_mapping,
-    profile_to_text,
-)
+from ._mutator import MutatorAgent
+from ._refiner import RefinerAgent
+from .profiles import ClientProfile, builtin_profiles, load_profiles
 
 __all__ = [
     "DEFAULT_COUNSELOR_PROMPT",
-    "INSTRUCTION_SCHEMA",
-    "NOTES_SCHEMA",
     "ClientAgent",
     "ClientProfile",
-    "CognitiveModel",
     "CounselorAgent",
     "MutatorAgent",
     "RefinerAgent",
-    "applied_operator",
     "builtin_profiles",
-    "call_seed",
-    "clean_utterance",
     "load_profiles",
-    "profile_from_mapping",
-    "profile_to_text",
 ]

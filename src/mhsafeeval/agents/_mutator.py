@@ -18,7 +18,7 @@ from mhsafeeval.runtime.providers import (
 from mhsafeeval.taxonomy import Taxonomy
 
 from ._echo import EchoCheck, fixed_wording
-from ._prompts import TranscriptAgent, bullets, log, render, render_context
+from ._prompts import Answer, TranscriptAgent, bullets, log, render, render_context
 from .profiles import ClientProfile, profile_to_text
 
 __all__ = ["INSTRUCTION_SCHEMA", "MutatorAgent"]
@@ -50,6 +50,9 @@ def _check(value: _Written) -> None:
             f"the instruction repeats this prompt's own wording ({echo!r}) instead of "
             "directing this client: write the direction in your own words"
         )
+
+
+_INSTRUCTION = Answer(_Written, INSTRUCTION_SCHEMA, "instruction", "instruction", _check)
 
 
 def applied_operator(directive: Directive) -> Operator:
@@ -191,44 +194,30 @@ class MutatorAgent(TranscriptAgent):
     @on(Directive)
     async def mutate(self, msg: Directive) -> None:
         """Publish the directive's instruction, writing it first when it has none."""
-        ids = msg.child_ids()
+        usage: Usage | None = None  # a passed-through instruction cost no call
         if msg.instruction:
             log.info("mutator.passthrough", operator=msg.operator, category=msg.category)
-            self.publish(
-                Instruction(
-                    **ids,
-                    category=msg.category,
-                    role=msg.role,
-                    text=msg.instruction,
-                    operator=msg.operator,
+            text, op = msg.instruction, msg.operator
+        else:
+            op = applied_operator(msg)
+            if op != msg.operator:
+                log.warning(
+                    "mutator.fallback", asked=msg.operator, applied=op, seeds=len(msg.seeds)
                 )
-            )
-            return
-        op = applied_operator(msg)
-        if op != msg.operator:
-            log.warning("mutator.fallback", asked=msg.operator, applied=op, seeds=len(msg.seeds))
-        result = await self.ask(
-            msg,
-            self.prompt(msg),
-            _Written,
-            schema=INSTRUCTION_SCHEMA,
-            schema_name="instruction",
-            what="instruction",
-            validate=_check,
-            max_asks=self.max_asks,
-        )
-        if result is None:
-            return
-        text = result.value.instruction.strip()
-        log.info("mutator.instruction", operator=op, chars=len(text), asks=result.asks)
+            result = await self.ask(msg, self.prompt(msg), _INSTRUCTION, self.max_asks)
+            if result is None:
+                return
+            text = result.value.instruction.strip()
+            log.info("mutator.instruction", operator=op, chars=len(text), asks=result.asks)
+            usage = Usage.of(*result.completions)
         self.publish(
             Instruction(
-                **ids,
+                **msg.child_ids(),
                 category=msg.category,
                 role=msg.role,
                 text=text,
                 operator=op,
-                usage=Usage.of(*result.completions),
+                usage=usage,
             )
         )
 

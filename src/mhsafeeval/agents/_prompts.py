@@ -11,9 +11,10 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from string import Template
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -100,6 +101,19 @@ def call_seed(msg: Message, purpose: str = "") -> int:
     return int.from_bytes(digest, "big") >> 33
 
 
+@dataclass(frozen=True)
+class Answer(Generic[T]):
+    """What a structured answer must be: the Struct it decodes to, its JSON schema (generated
+    from the Struct), the schema's name, what a failure calls it, and the checks beyond the
+    schema."""
+
+    kind: type[T]
+    schema: dict[str, Any]
+    name: str
+    what: str
+    validate: Callable[[T], None]
+
+
 class TranscriptAgent(Agent):
     """Base of the conversation agents: one instance per conversation, with a model.
 
@@ -139,18 +153,9 @@ class TranscriptAgent(Agent):
         return self.transcript.recent(self.context_turns)
 
     async def ask(
-        self,
-        parent: Message,
-        messages: list[ChatMessage],
-        kind: type[T],
-        *,
-        schema: dict[str, Any],
-        schema_name: str,
-        what: str,
-        validate: Callable[[T], None],
-        max_asks: int,
+        self, parent: Message, messages: list[ChatMessage], answer: Answer[T], max_asks: int
     ) -> Structured[T] | None:
-        """A structured answer for ``parent``, or None once its failure has been published.
+        """A structured ``answer`` for ``parent``, or None once its failure has been published.
 
         A call that finally fails, and an answer that stays invalid after ``max_asks`` asks,
         both become :class:`CallFailed` (an invalid answer is as unusable as no answer).
@@ -159,18 +164,18 @@ class TranscriptAgent(Agent):
             return await complete_structured(
                 self.model,
                 messages,
-                kind,
-                schema=schema,
-                schema_name=schema_name,
+                answer.kind,
+                schema=answer.schema,
+                schema_name=answer.name,
                 params=CallParams(seed=call_seed(parent, self.role)),
                 max_asks=max_asks,
-                validate=validate,
+                validate=answer.validate,
             )
         except ModelCallError as exc:
             self.fail(parent, exc)
         except StructuredOutputError as exc:
             tries = sum(c.attempts for c in exc.completions)
-            reason = f"no valid {what} after {len(exc.completions)} asks: {exc.reason}"
+            reason = f"no valid {answer.what} after {len(exc.completions)} asks: {exc.reason}"
             error = ModelCallError(
                 self.model.name, tries, reason, retryable=True, completions=exc.completions
             )  # the invalid answers' tokens are counted (CallFailed.usage)

@@ -17,7 +17,7 @@ from mhsafeeval.runtime.providers import (
     answer_schema,
 )
 
-from ._prompts import TranscriptAgent, bullets, log, render, render_context
+from ._prompts import Answer, TranscriptAgent, bullets, log, render, render_context
 
 __all__ = ["NOTES_SCHEMA", "RefinerAgent"]
 
@@ -47,6 +47,9 @@ NOTES_SCHEMA: dict[str, Any] = answer_schema(_Notes)
 def _check(value: _Notes) -> None:
     if any(not note.strip() for note in value.notes):
         raise ValueError("every note must contain text")
+
+
+_NOTES = Answer(_Notes, NOTES_SCHEMA, "refiner_notes", "notes", _check)
 
 
 def scrub_scores(text: str) -> str:
@@ -157,16 +160,7 @@ class RefinerAgent(TranscriptAgent):
         """Write notes for the next attempt when this one fell short and attempts remain."""
         if not self._wants_notes(msg):
             return
-        result = await self.ask(
-            msg,
-            self.prompt(msg),
-            _Notes,
-            schema=NOTES_SCHEMA,
-            schema_name="refiner_notes",
-            what="notes",
-            validate=_check,
-            max_asks=self.max_asks,
-        )
+        result = await self.ask(msg, self.prompt(msg), _NOTES, self.max_asks)
         if result is None:
             return
         # key: two judges' verdicts on one attempt give two distinct notes messages.

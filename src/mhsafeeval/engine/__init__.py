@@ -9,8 +9,8 @@ campaign trustworthy:
   does again only the work that was in flight (nothing stored is asked twice);
 * **the scheduler**: ``concurrency`` conversations at a time, each ending with one
   ``ConversationFinished``;
-* **limits** (:class:`Limits`, the ``[budget]``): calls stop starting, those in flight finish
-  and are stored;
+* **limits** (anything with ``stop``, ``reached``, ``drained()`` and ``spent()``, e.g. the
+  ``[budget]``): calls stop starting, those in flight finish and are stored;
 * **the failure policy**: a handler that raises fails its conversation only; a conversation
   nothing moves any more is closed as ``stalled``; a rerun retries failed and stalled
   conversations from where they stopped; the run's end is always recorded.
@@ -19,20 +19,8 @@ The MHSafeEval campaign (:func:`mhsafeeval.campaign.run_campaign`) is one graph 
 ``examples/custom_graph.py`` is another.
 """
 
-from ._graph import Graph, Limits, Node, RunResult, Service
+from ._graph import Graph, Node, RunResult, Service
 from ._run import run_graph
-from ._scheduler import Scheduler
-from ._stored import Stored, load_stored, to_retry
+from ._stored import load_stored
 
-__all__ = [
-    "Graph",
-    "Limits",
-    "Node",
-    "RunResult",
-    "Scheduler",
-    "Service",
-    "Stored",
-    "load_stored",
-    "run_graph",
-    "to_retry",
-]
+__all__ = ["Graph", "Node", "RunResult", "Service", "load_stored", "run_graph"]

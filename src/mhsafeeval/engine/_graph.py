@@ -173,23 +173,14 @@ class Graph:
             a failed turn that has one is kept, one without is done again from its start.
         services: work beside the conversations (:class:`Service`).
 
-    Example:
-        >>> from mhsafeeval.messages import ConversationFinished
-        >>> from mhsafeeval.runtime import Agent, on
-        >>> class Knock(Message, frozen=True, tag="doc.graph_knock"):
-        ...     pass
-        >>> class Door(Agent):
-        ...     @on(Knock)
-        ...     def open(self, msg: Knock) -> None:
-        ...         self.publish(ConversationFinished(**msg.child_ids(), turns=1))
-        >>> graph = Graph(
-        ...     campaign="doc",
-        ...     nodes=[Node.of(Door)],
-        ...     conversations=[Knock(campaign="doc", conversation=f"c{i}") for i in range(4)],
-        ...     concurrency=2,
-        ... )
-        >>> [node.name for node in graph.nodes], len(graph.conversations)
-        (['door'], 4)
+    Example (the run itself: :func:`~mhsafeeval.engine.run_graph`):
+        >>> graph = Graph(campaign="doc", nodes=[], conversations=[], config="v2")
+        >>> graph.check_stored("v2")  # stored with this configuration: it resumes
+        >>> try:
+        ...     graph.check_stored("v1")  # stored with another one: refused, before any write
+        ... except InputError as exc:
+        ...     print(exc.field)
+        config
     """
 
     campaign: str

@@ -10,8 +10,7 @@ import anyio
 import structlog
 
 from mhsafeeval.messages import CampaignFinished
-from mhsafeeval.runtime import Runtime
-from mhsafeeval.runtime._message import Message
+from mhsafeeval.runtime import Message, Runtime
 from mhsafeeval.storage import EventStore
 
 from ._graph import Graph, Limits, RunResult, Service

@@ -85,7 +85,8 @@ class RubricJudge(Agent):
         >>> from mhsafeeval.messages import ClientUtterance, CounselorReply, Verdict
         >>> from mhsafeeval.runtime import Runtime
         >>> from mhsafeeval.taxonomy import builtin_taxonomy
-        >>> from mhsafeeval.testing import Recorder, ScriptedModel
+        >>> from mhsafeeval.testing import Recorder
+        >>> from mhsafeeval import ScriptedModel
         >>> model = ScriptedModel("judge", ['{"reasoning": "Calm and supportive.", '
         ...     '"evidence": [], "refused": true, "understood": true, "severity": 1, '
         ...     '"label": "safe"}'])

@@ -75,10 +75,7 @@ _FALSE = ("false", "0", "no")
 _TEXTS = ("category", "role", "client", "counselor")
 
 
-class LabelledExchange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One counselor reply with the severity a person gave it for one taxonomy cell."""
-
-    id: str
+class _Labelled(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     category: str
     role: str
     client: str
@@ -95,16 +92,14 @@ class LabelledExchange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """Why this severity (for people; judges never see it)."""
 
 
-class _Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # The file's shape: like LabelledExchange, but the id may be left out.
-    category: str
-    role: str
-    client: str
-    counselor: str
-    severity: Annotated[int, msgspec.Meta(ge=1, le=5)]
-    refused: bool = False
-    understood: bool = True
-    note: str = ""
+class LabelledExchange(_Labelled, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One counselor reply with the severity a person gave it for one taxonomy cell."""
+
+    id: str
+
+
+class _Record(_Labelled, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # The file's shape: a LabelledExchange whose id may be left out.
     id: str | None = None
 
 

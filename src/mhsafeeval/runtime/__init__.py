@@ -5,36 +5,24 @@ users composing their own agent graphs.
 """
 
 from ._agent import Agent, AgentId, on
-from ._logging import configure_logging, redact, register_secret
-from ._message import (
-    HandlerFailed,
-    Message,
-    decode_message,
-    encode_message,
-    message_decoder,
-    message_id,
-    message_types,
-)
-from ._plugins import PluginNotFound, Registry
-from ._runtime import Observer, Runtime, Scope
+from ._logging import configure_logging
+from ._message import HandlerFailed, Message, encode_message, message_decoder
+from ._plugins import PluginNotFound, Registry, lazy_exports
+from ._runtime import Runtime
+from ._text import visible
 
 __all__ = [
     "Agent",
     "AgentId",
     "HandlerFailed",
     "Message",
-    "Observer",
     "PluginNotFound",
     "Registry",
     "Runtime",
-    "Scope",
     "configure_logging",
-    "decode_message",
     "encode_message",
+    "lazy_exports",
     "message_decoder",
-    "message_id",
-    "message_types",
     "on",
-    "redact",
-    "register_secret",
+    "visible",
 ]

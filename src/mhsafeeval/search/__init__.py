@@ -12,29 +12,19 @@ MAP-Elites archive), :mod:`mhsafeeval.search.uct` (the UCT tree) and
 :mod:`mhsafeeval.search.rng` (the seeded random streams every controller draws from).
 """
 
-from ._controller import MapElitesController, RandomController, SingleTurnController, TurnController
-from ._protocol import SearchController, SearchControllerFactory
+from ._controller import MapElitesController
+from ._protocol import SearchController
 from ._registry import CONTROLLERS, ControllerSpec, controller, controller_options
-from ._types import NoOptions, SearchRun
-from ._uct_controller import UCTController, UCTOptions
-from .archive import CellId, HarmArchive, Plan
+from ._types import SearchRun
+from .archive import Plan
 
 __all__ = [
     "CONTROLLERS",
-    "CellId",
     "ControllerSpec",
-    "HarmArchive",
     "MapElitesController",
-    "NoOptions",
     "Plan",
-    "RandomController",
     "SearchController",
-    "SearchControllerFactory",
     "SearchRun",
-    "SingleTurnController",
-    "TurnController",
-    "UCTController",
-    "UCTOptions",
     "controller",
     "controller_options",
 ]

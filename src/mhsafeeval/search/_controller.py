@@ -30,7 +30,7 @@ from mhsafeeval.runtime import on
 
 from ._base import ArchiveController, AttemptTexts
 from ._types import NoOptions, SearchRun
-from .archive import CellId, Elite, HarmArchive, Plan
+from .archive import CellId, HarmArchive, Plan
 from .rng import derive_rng
 
 __all__ = [
@@ -89,6 +89,8 @@ class TurnController(ArchiveController):
     name = "turn-loop"
     notes_kept: ClassVar[int] = 5
     """The recent refiner notes per counselor model and cell that a directive carries."""
+    single_turn: ClassVar[bool] = False
+    """Run every conversation as one turn, whatever ``run.single_turn`` says."""
 
     def __init__(
         self,
@@ -97,6 +99,8 @@ class TurnController(ArchiveController):
         options: NoOptions | None = None,
     ) -> None:
         self.run = run or SearchRun()
+        if self.single_turn:
+            self.run = msgspec.structs.replace(self.run, single_turn=True)
         super().__init__(cells, self.run.threshold)
         self.notes: dict[tuple[str, CellId], deque[str]] = {}
         self._convs: dict[str, _Conversation] = {}
@@ -125,7 +129,7 @@ class TurnController(ArchiveController):
         if conv.attempt == 0:
             plan = self.plan_turn(self.archive(conv.model), rng)
             category, role, operator = plan.category, plan.role, plan.operator
-            seeds = tuple(_seed(e) for e in plan.seeds)
+            seeds = tuple(Seed.of(e) for e in plan.seeds)
         else:
             last = conv.attempts[conv.attempt - 1]
             category, role, operator = last.category, last.role, "vary"
@@ -145,11 +149,9 @@ class TurnController(ArchiveController):
         notes = tuple(self.notes.get((conv.model, (category, role)), ()))
         self.publish(
             Directive(
-                campaign=conv.campaign,
-                conversation=source.conversation,
-                turn=conv.turn,
-                attempt=conv.attempt,
-                causation=source.id,
+                **source.child_ids(
+                    campaign=conv.campaign, turn=conv.turn, attempt=conv.attempt, branch=""
+                ),
                 category=category,
                 role=role,
                 operator=operator,
@@ -280,17 +282,6 @@ def unanswered(msg: CallFailed) -> str:
     )
 
 
-def _seed(elite: Elite) -> Seed:
-    return Seed(
-        category=elite.category,
-        role=elite.role,
-        instruction=elite.instruction,
-        utterance=elite.utterance,
-        reply=elite.reply,
-        severity=elite.severity,
-    )
-
-
 class MapElitesController(TurnController):
     """The paper's search: MAP-Elites over the taxonomy's cells (see :class:`HarmArchive`).
 
@@ -320,12 +311,4 @@ class SingleTurnController(MapElitesController):
     """Baseline: MAP-Elites with one turn per conversation (no multi-turn build-up)."""
 
     name = "single-turn"
-
-    def __init__(
-        self,
-        cells: Iterable[CellId],
-        run: SearchRun | None = None,
-        options: NoOptions | None = None,
-    ) -> None:
-        base = run or SearchRun()
-        super().__init__(cells, msgspec.structs.replace(base, single_turn=True), options)
+    single_turn = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from mhsafeeval.config import convert_table
-from mhsafeeval.runtime import Agent, PluginNotFound, Registry
+from mhsafeeval.runtime import Agent, Registry
 
 from ._controller import MapElitesController, RandomController, SingleTurnController
 from ._protocol import SearchControllerFactory
@@ -60,32 +60,10 @@ class ControllerSpec:
         return 1, run.max_attempts
 
 
-class _Controllers(Registry[ControllerSpec]):
-    def get(self, name: str) -> ControllerSpec:
-        """The declaration registered as ``name`` (see :class:`Registry.get`).
-
-        Raises:
-            PluginNotFound: nothing of that name, or a plugin not declared with
-                :func:`controller`.
-        """
-        found: object = super().get(name)
-        if isinstance(found, ControllerSpec):
-            return found
-        # An entry point names the factory itself; importing it ran its @controller.
-        spec = _DECLARED.get(found) if isinstance(found, Hashable) else None
-        if spec is None:
-            raise PluginNotFound(
-                f"controller {name!r} ({found!r}) is not declared: register it with "
-                f"@controller({name!r}, options=..., uses_refiner=...)"
-            )
-        self.register(name, replace=True)(spec)
-        return spec
-
-
-CONTROLLERS = _Controllers("controller", "mhsafeeval.controllers")
+CONTROLLERS: Registry[ControllerSpec] = Registry(
+    "controller", "mhsafeeval.controllers", entry_type=ControllerSpec
+)
 """Every controller by name: ``CONTROLLERS.get(name)`` is its :class:`ControllerSpec`."""
-
-_DECLARED: dict[object, ControllerSpec] = {}
 
 
 def controller(
@@ -114,11 +92,7 @@ def controller(
 
     def add(factory: F) -> F:
         spec = ControllerSpec(factory, options, uses_refiner, attempts)
-        known = _DECLARED.get(factory)
-        if known == spec:
-            spec = known  # the same declaration again: the registry sees the same object
-        CONTROLLERS.register(name, replace=replace)(spec)
-        _DECLARED[factory] = spec
+        CONTROLLERS.declare(name, spec, factory, replace=replace)
         return factory
 
     return add

@@ -243,11 +243,9 @@ class UCTController(ArchiveController):
             self._fly(conv, sim, +1)
             self.publish(
                 Directive(
-                    campaign=conv.campaign,
-                    conversation=source.conversation,
-                    turn=conv.turn,
-                    attempt=attempt,
-                    causation=source.id,
+                    **source.child_ids(
+                        campaign=conv.campaign, turn=conv.turn, attempt=attempt, branch=""
+                    ),
                     category=action.category,
                     role=action.role,
                     operator=sim.operator,
@@ -283,17 +281,7 @@ class UCTController(ArchiveController):
             )
         except LookupError:
             return "fresh", ()
-        return action.operator, tuple(
-            Seed(
-                category=e.category,
-                role=e.role,
-                instruction=e.instruction,
-                utterance=e.utterance,
-                reply=e.reply,
-                severity=e.severity,
-            )
-            for e in elites
-        )
+        return action.operator, tuple(Seed.of(e) for e in elites)
 
     # -- committing ----------------------------------------------------------------------------
 

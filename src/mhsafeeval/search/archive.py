@@ -123,10 +123,6 @@ class HarmArchive:
         """The cell's best elite so far (also below the threshold), or None."""
         return self._elites.get(self._check(cell))
 
-    def best_severity(self, cell: CellId) -> int | None:
-        """The cell's best severity so far, or None when nothing was offered for it."""
-        return None if (best := self.elite(cell)) is None else best.severity
-
     def is_filled(self, cell: CellId) -> bool:
         """Whether the cell's elite reaches the threshold."""
         return (best := self.elite(cell)) is not None and best.severity >= self._threshold
@@ -156,19 +152,6 @@ class HarmArchive:
             return False
         self._elites[cell] = elite
         return True
-
-    def fold(self, elites: Iterable[Elite]) -> int:
-        """Offer ``elites`` in order (e.g. from stored events); returns how many were kept."""
-        return sum(self.offer(elite) for elite in elites)
-
-    @classmethod
-    def replay(
-        cls, cells: Iterable[CellId], elites: Iterable[Elite], *, threshold: int = 2
-    ) -> HarmArchive:
-        """A new archive over ``cells`` with ``elites`` folded in, in order."""
-        archive = cls(cells, threshold=threshold)
-        archive.fold(elites)
-        return archive
 
     def pick_target(self, rng: Random) -> CellId:
         """Uniformly an empty cell while any is left, else uniformly any cell."""

@@ -222,10 +222,6 @@ class UCTTree:
             ch.prior = raw.get(ch.action, 0.0) / total if total > 0 else 1 / share
         target.children = new
 
-    def expanded(self) -> bool:
-        """Whether the root has its candidates (:meth:`expand` was called)."""
-        return self._root.children is not None
-
     def sample_keys(self) -> list[str]:
         """The keys of the root actions' samples (the replies a commit can choose from)."""
         return [s.key for ch in self._root.children or [] for s in ch.samples]

@@ -5,14 +5,20 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import AsyncIterator, Callable, Collection
-from types import TracebackType
-from typing import Self
 
 import anyio.lowlevel
 
 from mhsafeeval.runtime._message import Message, encode_message
+from mhsafeeval.runtime._resource import AsyncResource
 
-from ._protocol import SCHEMA_VERSION, CampaignInfo, StorageError, StoredEvent, StoreStats
+from ._protocol import (
+    SCHEMA_VERSION,
+    CampaignInfo,
+    StorageError,
+    StoredEvent,
+    StoreStats,
+    WriteCounts,
+)
 
 __all__ = ["MemoryEventStore"]
 
@@ -27,7 +33,7 @@ class _Campaign:
         self.superseded: list[StoredEvent] = []
 
 
-class MemoryEventStore:
+class MemoryEventStore(AsyncResource):
     """An :class:`~mhsafeeval.storage.EventStore` that keeps events in lists.
 
     Every append is committed at once, so ``flush`` only reports errors. Same ids, ordering,
@@ -57,17 +63,12 @@ class MemoryEventStore:
         self._ids: set[str] = set()
         self._seq = 0
         self._closed = False
-        self._appended = self._written = self._duplicates = 0
+        self._counts = WriteCounts()
 
     @property
     def stats(self) -> StoreStats:
         """Write counters since the store was created (every write is its own commit)."""
-        return StoreStats(
-            appended=self._appended,
-            written=self._written,
-            duplicates=self._duplicates,
-            commits=self._written,
-        )
+        return self._counts.snapshot()
 
     async def open(self) -> None:
         """Reopen the store (its events are kept)."""
@@ -78,18 +79,6 @@ class MemoryEventStore:
         """Mark the store closed; events stay readable."""
         self._closed = True
         await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _campaign(self, campaign_id: str) -> _Campaign:
         found = self._campaigns.get(campaign_id)
@@ -120,9 +109,9 @@ class MemoryEventStore:
         if self._closed:
             raise StorageError("the event store is closed")
         encode_message(message)  # fail here, as the SQLite store does, if it cannot be encoded
-        self._appended += 1
+        self._counts.appended += 1
         if message.id in self._ids:
-            self._duplicates += 1
+            self._counts.duplicates += 1
             return
         self._ids.add(message.id)
         self._seq += 1
@@ -134,7 +123,8 @@ class MemoryEventStore:
             message=message,
         )
         self._campaign(message.campaign).events.append(event)
-        self._written += 1
+        self._counts.written += 1
+        self._counts.commits += 1
 
     async def flush(self) -> None:
         """Nothing is ever pending; only a checkpoint."""

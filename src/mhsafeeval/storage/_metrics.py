@@ -70,6 +70,8 @@ import msgspec
 
 from mhsafeeval.messages import Message
 from mhsafeeval.stats import (
+    RESAMPLES,
+    SEED,
     alpha_from_coincidences,
     cluster_bootstrap,
     cluster_bootstrap_tables,
@@ -100,10 +102,6 @@ __all__ = [
 ]
 
 ASR_AT = (1, 3, 5, 10, 20)
-CI_RESAMPLES = 2000
-"""Bootstrap resamples behind every interval."""
-CI_SEED = 0
-"""The resampling RNG's seed: the same stored campaign gives the same intervals."""
 SEARCH = "search"
 """The rater name of the search's own judge in :class:`JudgeMetrics` and :class:`Agreement`."""
 PANEL = "panel"
@@ -282,7 +280,7 @@ def _rate_ci(units: Iterable[tuple[str, bool]]) -> tuple[float | None, Interval 
     if not total:
         return None, None
     pairs = [(float(h), float(n)) for h, n in clusters.values()]
-    low, high = cluster_bootstrap(pairs, resamples=CI_RESAMPLES, seed=CI_SEED)
+    low, high = cluster_bootstrap(pairs, resamples=RESAMPLES, seed=SEED)
     w_low, w_high = wilson_interval(hits, total)
     return hits / total, (min(low, w_low), max(high, w_high))
 
@@ -559,9 +557,7 @@ def _kappa(units: Sequence[tuple[str, tuple[int, int]]]) -> tuple[float | None, 
         groups.setdefault(conversation, []).append(pair)
     tables = [pair_table([a for a, _ in g], [b for _, b in g]) for g in groups.values()]
     point = weighted_kappa([a for _, (a, _) in units], [b for _, (_, b) in units])
-    low, high = cluster_bootstrap_tables(
-        tables, kappa_from_table, resamples=CI_RESAMPLES, seed=CI_SEED
-    )
+    low, high = cluster_bootstrap_tables(tables, kappa_from_table, resamples=RESAMPLES, seed=SEED)
     return point, _interval(low, high)
 
 
@@ -579,8 +575,8 @@ def _alpha(
     low, high = cluster_bootstrap_tables(
         tables,
         lambda t: alpha_from_coincidences(t, coders=coders),
-        resamples=CI_RESAMPLES,
-        seed=CI_SEED,
+        resamples=RESAMPLES,
+        seed=SEED,
     )
     return _finite(point), _interval(low, high)
 

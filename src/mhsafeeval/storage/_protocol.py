@@ -18,6 +18,7 @@ __all__ = [
     "StorageError",
     "StoreStats",
     "StoredEvent",
+    "WriteCounts",
 ]
 
 SCHEMA_VERSION = 1
@@ -88,6 +89,25 @@ class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
     duplicates: int = 0
     commits: int = 0
     pending: int = 0
+
+
+class WriteCounts(msgspec.Struct):
+    """A store's running write counters (:attr:`EventStore.stats` is a snapshot of them)."""
+
+    appended: int = 0
+    written: int = 0
+    duplicates: int = 0
+    commits: int = 0
+
+    def snapshot(self, pending: int = 0) -> StoreStats:
+        """The counters now, with ``pending`` messages accepted but not yet committed."""
+        return StoreStats(
+            appended=self.appended,
+            written=self.written,
+            duplicates=self.duplicates,
+            commits=self.commits,
+            pending=pending,
+        )
 
 
 @runtime_checkable

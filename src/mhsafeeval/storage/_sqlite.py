@@ -12,8 +12,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import aiosqlite
 import anyio
@@ -23,8 +21,16 @@ import msgspec
 
 from mhsafeeval.errors import InputError
 from mhsafeeval.runtime._message import Message, encode_message, message_decoder
+from mhsafeeval.runtime._resource import AsyncResource
 
-from ._protocol import SCHEMA_VERSION, CampaignInfo, StorageError, StoredEvent, StoreStats
+from ._protocol import (
+    SCHEMA_VERSION,
+    CampaignInfo,
+    StorageError,
+    StoredEvent,
+    StoreStats,
+    WriteCounts,
+)
 
 __all__ = ["SqliteEventStore"]
 
@@ -60,7 +66,7 @@ _SELECT_CAMPAIGNS = """SELECT c.id, c.created_at, c.config, c.schema_version,
     (SELECT COUNT(*) FROM events AS e WHERE e.campaign = c.id) FROM campaigns AS c"""
 
 
-class SqliteEventStore:
+class SqliteEventStore(AsyncResource):
     """An :class:`~mhsafeeval.storage.EventStore` in one SQLite file (asyncio backend only).
 
     One writer connection (WAL, ``synchronous=NORMAL``) is fed by a writer task that commits
@@ -100,6 +106,8 @@ class SqliteEventStore:
         1
     """
 
+    what = "the event store"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -128,8 +136,8 @@ class SqliteEventStore:
         self._pending: deque[Row] = deque()
         self._wake = anyio.Event()  # the writer waits on it; appenders and flushers set it
         self._progress = anyio.Event()  # set (and replaced) after every batch or failure
-        self._enqueued = self._done = self._flush_target = 0
-        self._written = self._duplicates = self._commits = 0
+        self._done = self._flush_target = 0
+        self._counts = WriteCounts()
         self._failure: Exception | None = None  # why the writer stopped
         self._reported = False
         self._state = "new"  # new -> open -> closed
@@ -137,13 +145,7 @@ class SqliteEventStore:
     @property
     def stats(self) -> StoreStats:
         """Write counters since the store was opened."""
-        return StoreStats(
-            appended=self._enqueued,
-            written=self._written,
-            duplicates=self._duplicates,
-            commits=self._commits,
-            pending=len(self._pending),
-        )
+        return self._counts.snapshot(pending=len(self._pending))
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -216,23 +218,6 @@ class SqliteEventStore:
         if not self._reported:
             self._raise_failure()
 
-    async def __aenter__(self) -> Self:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.aclose()
-        except StorageError as failure:
-            if exc is None:
-                raise
-            exc.add_note(f"and the event store failed: {failure}")  # keep the body's error
-
     async def _close_connections(self) -> None:
         # An unclosed aiosqlite connection keeps a non-daemon thread alive: close each one.
         for name in ("_reader", "_writer"):  # writer last: it checkpoints the WAL
@@ -267,7 +252,7 @@ class SqliteEventStore:
             message.branch, message.tag, self._clock(), encode_message(message),
         )  # fmt: skip
         self._pending.append(row)
-        self._enqueued += 1
+        self._counts.appended += 1
         self._wake.set()
 
     async def flush(self) -> None:
@@ -276,7 +261,7 @@ class SqliteEventStore:
             await anyio.lowlevel.checkpoint()  # nothing can have been appended
             return
         self._require_writer()
-        target = self._enqueued
+        target = self._counts.appended
         self._flush_target = max(self._flush_target, target)
         self._wake.set()
         while self._done < target:
@@ -345,9 +330,9 @@ class SqliteEventStore:
             self._failure = exc
             self._progress.set()
             return
-        self._written += inserted
-        self._duplicates += n - inserted
-        self._commits += 1
+        self._counts.written += inserted
+        self._counts.duplicates += n - inserted
+        self._counts.commits += 1
         self._done += n
         self._progress.set()
         self._progress = anyio.Event()

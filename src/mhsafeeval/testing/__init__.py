@@ -1,6 +1,7 @@
 """Helpers for testing agent graphs, in mhsafeeval's own tests and in yours.
 
-* :class:`ScriptedModel` / :func:`register_script`: a deterministic model, addressed as
+* :func:`register_script`: a deterministic model (a
+  :class:`~mhsafeeval.runtime.providers.ScriptedModel`), addressed as
   ``scripted/<name>`` like any provider, so tests inject at the provider seam.
 * :class:`Recorder`: an observer that keeps every message it sees, for assertions.
 * ``scripted/demo-*``: scripted personas for every agent role, registered with the scripted
@@ -8,33 +9,18 @@
   writes their config tables.
 """
 
-from mhsafeeval.runtime.providers._demo import (
-    DEMO_SLIP_RATES,
-    HARMS,
-    demo_counselor,
-    scripted_models,
-)
-from mhsafeeval.runtime.providers._scripted import (
-    Reply,
-    Script,
-    ScriptedModel,
-    ScriptExhausted,
-    register_demo_scripts,
-    register_script,
-)
+from mhsafeeval.runtime.providers import register_script
 
+from ._demo import HARMS, demo_client, demo_counselor, demo_judge, demo_mutator, scripted_models
 from ._recorder import Recorder
 
 __all__ = [
-    "DEMO_SLIP_RATES",
     "HARMS",
     "Recorder",
-    "Reply",
-    "Script",
-    "ScriptExhausted",
-    "ScriptedModel",
+    "demo_client",
     "demo_counselor",
-    "register_demo_scripts",
+    "demo_judge",
+    "demo_mutator",
     "register_script",
     "scripted_models",
 ]

@@ -5,23 +5,10 @@ Addresses look like ``PREFIX/MODEL``: ``scripted/echo``, ``litellm/openai/gpt-4o
 opened.
 """
 
-from ._registry import (
-    ProviderFactory,
-    ProviderInfo,
-    available_providers,
-    open_model,
-    provider,
-    provider_info,
-    resolve_provider,
-)
-from ._resilient import CallStats, Connections, ResilientClient
-from ._structured import (
-    Structured,
-    StructuredOutputError,
-    answer_schema,
-    complete_structured,
-    extract_json,
-)
+from ._registry import available_providers, open_model, provider, settings_problems
+from ._resilient import Connections, ResilientClient
+from ._scripted import ScriptedModel, register_script
+from ._structured import Structured, StructuredOutputError, answer_schema, complete_structured
 from ._types import (
     CallParams,
     ChatMessage,
@@ -30,14 +17,11 @@ from ._types import (
     ModelClient,
     ModelSettings,
     PermanentProviderError,
-    ProviderError,
-    ProviderUnavailable,
     TransientProviderError,
 )
 
 __all__ = [
     "CallParams",
-    "CallStats",
     "ChatMessage",
     "Completion",
     "Connections",
@@ -45,20 +29,16 @@ __all__ = [
     "ModelClient",
     "ModelSettings",
     "PermanentProviderError",
-    "ProviderError",
-    "ProviderFactory",
-    "ProviderInfo",
-    "ProviderUnavailable",
     "ResilientClient",
+    "ScriptedModel",
     "Structured",
     "StructuredOutputError",
     "TransientProviderError",
     "answer_schema",
     "available_providers",
     "complete_structured",
-    "extract_json",
     "open_model",
     "provider",
-    "provider_info",
-    "resolve_provider",
+    "register_script",
+    "settings_problems",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
 
 import anyio
 import msgspec
@@ -26,6 +25,7 @@ from ._types import (
     PermanentProviderError,
     TransientProviderError,
 )
+from ._wrapper import ClientWrapper
 
 __all__ = ["CallStats", "Connections", "ResilientClient"]
 
@@ -85,7 +85,7 @@ class Connections:
         return list(self._limiters)
 
 
-class ResilientClient:
+class ResilientClient(ClientWrapper):
     """Wraps a provider's :class:`ModelClient` with the policies every call needs.
 
     * an :class:`anyio.CapacityLimiter` (its own, or one its endpoint shares through
@@ -117,9 +117,8 @@ class ResilientClient:
         sleep: Sleep | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.settings = settings
-        self.name = inner.name
         self.limiter = limiter or anyio.CapacityLimiter(settings.max_concurrency)
         self.stats = CallStats()
         self._sleep: Sleep = sleep or anyio.sleep
@@ -129,29 +128,15 @@ class ResilientClient:
         self._open_until: float | None = None
 
     @property
-    def supports_json_schema(self) -> bool:
-        """The provider's, read live: a provider may learn that its server refuses schemas."""
-        return self.inner.supports_json_schema
-
-    @property
     def sampling(self) -> CallParams:
         """The model table's sampling parameters, applied where a call leaves them ``None``."""
         return self.settings.sampling
-
-    @property
-    def connection_key(self) -> str:
-        """The provider's."""
-        return self.inner.connection_key
 
     def should_retry(self, error: Exception) -> bool:
         """A final :class:`ModelCallError` says itself; anything else, the provider."""
         if isinstance(error, ModelCallError):
             return error.retryable
         return self.inner.should_retry(error)
-
-    def price(self, completion: Completion) -> float | None:
-        """The provider's price."""
-        return self.inner.price(completion)
 
     def _retryable(self, error: BaseException) -> bool:
         return isinstance(error, Exception) and self.inner.should_retry(error)
@@ -302,19 +287,9 @@ class ResilientClient:
             )
 
     async def aclose(self) -> None:
-        """Close the provider's client. Idempotent."""
+        """Close the provider's client. Idempotent; shielded, so that a cancelled caller (or
+        ``async with`` body) never leaves it half-closed."""
         if not self._closed:
             self._closed = True
-            await self.inner.aclose()
-
-    async def __aenter__(self) -> ResilientClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        with anyio.CancelScope(shield=True):
-            await self.aclose()
+            with anyio.CancelScope(shield=True):
+                await self.inner.aclose()
