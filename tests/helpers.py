@@ -56,3 +56,16 @@ def best_severity(archive: HarmArchive, cell: CellId) -> int | None:
     """The cell's best severity so far, or None when nothing was offered for it."""
     best = archive.elite(cell)
     return None if best is None else best.severity
+
+
+def stored_count(db: Path) -> int:
+    """Events committed to a SQLite store so far (0 before it exists), read without a lock."""
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0

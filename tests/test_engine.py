@@ -20,6 +20,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from helpers import stored_count
 from mhsafeeval.engine import Graph, Node, run_graph
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignFinished, ConversationFinished
@@ -204,16 +205,6 @@ async def test_a_stored_campaign_with_another_configuration_is_refused_before_an
 # -- the custom graph example, killed and resumed ------------------------------------------------
 
 
-def _count(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
-    except sqlite3.OperationalError:  # not created yet
-        return 0
-
-
 def _rows(db: Path) -> dict[str, tuple[str, str]]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
         rows = con.execute("SELECT id, type, body FROM events").fetchall()
@@ -229,11 +220,11 @@ def test_the_custom_graph_example_killed_at_several_points_resumes_exactly(
 ) -> None:
     clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
     subprocess.run(_example(clean), check=True, capture_output=True, timeout=120)
-    total = _count(clean)
+    total = stored_count(clean)
     rng = random.Random(7)
     killed: list[int] = []
     for i in range(6):
-        current = _count(crashed)
+        current = stored_count(crashed)
         target = current + rng.randint(1, max(2, (total - current) // (6 - i + 1)))
         proc = subprocess.Popen(
             _example(crashed, "--delay", "0.15"),
@@ -242,7 +233,9 @@ def test_the_custom_graph_example_killed_at_several_points_resumes_exactly(
             text=True,
         )
         deadline = time.monotonic() + 60
-        while proc.poll() is None and _count(crashed) < target and time.monotonic() < deadline:
+        while (
+            proc.poll() is None and stored_count(crashed) < target and time.monotonic() < deadline
+        ):
             time.sleep(0.005)
         time.sleep(rng.uniform(0, 0.03))
         if proc.poll() is not None:  # it finished first
@@ -250,7 +243,7 @@ def test_the_custom_graph_example_killed_at_several_points_resumes_exactly(
             break
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
-        killed.append(_count(crashed))
+        killed.append(stored_count(crashed))
     assert len(killed) >= 4 and all(0 < k < total for k in killed), (killed, total)
     done = subprocess.run(
         _example(crashed), check=True, capture_output=True, text=True, timeout=120

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
-from helpers import cli, stored
+from helpers import cli, stored, stored_count
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.messages import (
@@ -79,16 +79,6 @@ def write_config(
     )
     path.write_text(text + scripted_models(delay=delay))
     return path
-
-
-def stored_count(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
-    except sqlite3.OperationalError:  # not created yet
-        return 0
 
 
 def start(config: Path, db: Path) -> subprocess.Popen[str]:

@@ -11,7 +11,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime import Agent, AgentId, Message
+from mhsafeeval.runtime import Agent, AgentId, Message, Scope
 
 __all__ = ["Graph", "Limits", "Node", "RunResult", "Service"]
 
@@ -40,7 +40,7 @@ class Node:
     name: str
     make: Callable[[AgentId], Agent]
     types: tuple[type[Message], ...]
-    scope: str = "conversation"
+    scope: Scope = "conversation"
 
     @classmethod
     def of(
@@ -49,7 +49,7 @@ class Node:
         make: Callable[[AgentId], A] | None = None,
         *,
         name: str | None = None,
-        scope: str = "conversation",
+        scope: Scope = "conversation",
     ) -> Node:
         """The node of ``agent_type`` (``make``: its factory; the class itself by default;
         ``name``: the class name, lowercased, by default)."""

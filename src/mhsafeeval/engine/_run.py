@@ -202,7 +202,7 @@ async def _run(
             for i, observer in enumerate(observers):
                 rt.subscribe(observer, name=f"observer{i}", replay=True)
             for node in graph.nodes:
-                rt.register(node.name, node.make, types=node.types, scope=node.scope)  # type: ignore[arg-type]
+                rt.register(node.name, node.make, types=node.types, scope=node.scope)
             scheduler.attach(rt)
             if stored is not None:
                 redone = _resume(rt, graph, stored, scheduler)

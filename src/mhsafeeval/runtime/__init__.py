@@ -8,7 +8,7 @@ from ._agent import Agent, AgentId, on
 from ._logging import configure_logging
 from ._message import HandlerFailed, Message, encode_message, message_decoder
 from ._plugins import PluginNotFound, Registry, lazy_exports
-from ._runtime import Runtime
+from ._runtime import Runtime, Scope
 from ._text import visible
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "PluginNotFound",
     "Registry",
     "Runtime",
+    "Scope",
     "configure_logging",
     "encode_message",
     "lazy_exports",

@@ -22,6 +22,7 @@ __all__ = ["Observer", "Runtime", "Scope"]
 log = structlog.get_logger("mhsafeeval.runtime")
 
 Scope = Literal["global", "conversation"]
+"""How many instances of a registered agent type there are: one per conversation, or one."""
 Observer = Callable[[Message], Awaitable[None] | None]
 _FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
 
