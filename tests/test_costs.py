@@ -24,6 +24,8 @@ def test_hosted_models_are_priced_from_litellms_map() -> None:
 
 def test_an_unpriced_model_is_unknown_not_free() -> None:
     assert model_cost("no-such-model-anywhere", 10, 10) is None
-    usage = RoleUsage(by_model={"scripted/x": [5, 5], "no-such-model-anywhere": [1, 1]})
-    assert role_cost(usage) is None
-    assert role_cost(RoleUsage(by_model={"scripted/x": [5, 5]})) == 0.0
+    # Answers stored without a price (by an earlier version) are priced by model name.
+    tokens = {"scripted/x": [5, 5], "no-such-model-anywhere": [1, 1]}
+    assert role_cost(RoleUsage(by_model=tokens, unpriced=tokens)) is None
+    free = {"scripted/x": [5, 5]}
+    assert role_cost(RoleUsage(by_model=free, unpriced=free)) == 0.0

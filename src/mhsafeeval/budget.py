@@ -91,14 +91,17 @@ class Budget:
         self.tokens = sum(u.tokens for u in totals.values())
         self.counselor_calls = totals["counselor"].calls if "counselor" in totals else 0
         spent: dict[tuple[str, str], list[int]] = {}  # priced once per model, not per message
+        self.usd = 0.0
         for msg in history:
             usage: Usage | None = getattr(msg, "usage", None)
-            if usage is not None:
+            if usage is not None and usage.usd is not None:
+                self.usd += usage.usd  # what it was priced at when it was made
+            elif usage is not None:
                 fallback = configured(msg) if configured is not None else ""
                 tally = spent.setdefault((usage.model, fallback), [0, 0])
                 tally[0] += usage.prompt_tokens
                 tally[1] += usage.completion_tokens
-        self.usd = sum(_cost(m, p, c, fallback) for (m, fallback), (p, c) in spent.items())
+        self.usd += sum(_cost(m, p, c, fallback) for (m, fallback), (p, c) in spent.items())
         self._check()
 
     @property
@@ -190,7 +193,10 @@ class BudgetedModel(ClientWrapper):
             done = await self.inner.complete(messages, params)
             return done
         finally:
-            usd = None if done is None else (self.inner.price(done) or 0.0)
+            if done is None:
+                usd = None
+            else:  # the price stamped on it when it was made, else the client's now
+                usd = done.usd if done.usd is not None else (self.inner.price(done) or 0.0)
             self.budget.settle(done, self.name, usd=usd)
 
     async def aclose(self) -> None:

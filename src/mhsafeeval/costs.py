@@ -29,9 +29,11 @@ def model_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float 
 
 
 def role_cost(usage: RoleUsage) -> float | None:
-    """USD spent by one agent role (None when any of its models is unpriced)."""
-    total = 0.0
-    for model, (prompt, completion) in usage.by_model.items():
+    """USD spent by one agent role: the prices its calls were made at, stored with them, plus,
+    for answers stored without a price, the price map's for their model (None when one of
+    those has none). litellm is imported only for such answers."""
+    total = usage.usd
+    for model, (prompt, completion) in usage.unpriced.items():
         cost = model_cost(model, prompt, completion)
         if cost is None:
             return None

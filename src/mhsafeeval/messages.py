@@ -70,6 +70,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     latency_s: float = 0.0
     attempts: int = 1
     calls: int = 1
+    usd: float | None = None
+    """What these calls cost, as priced when they were made (None: unknown, or stored by a
+    version that did not price calls: reports then price the tokens by model name)."""
 
     @classmethod
     def of(cls, *completions: Completion) -> Usage:
@@ -83,6 +86,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
             latency_s=sum(c.latency_s for c in completions),
             attempts=sum(c.attempts for c in completions),
             calls=len(completions),
+            usd=None
+            if any(c.usd is None for c in completions)
+            else sum(c.usd or 0.0 for c in completions),
         )
 
 

@@ -87,6 +87,11 @@ class RoleUsage(msgspec.Struct, kw_only=True):
     completion_tokens: int = 0
     by_model: dict[str, list[int]] = {}
     """Per model that answered: [prompt tokens, completion tokens] (prices differ by model)."""
+    usd: float = 0.0
+    """What the priced answers cost, as priced when they were made."""
+    unpriced: dict[str, list[int]] = {}
+    """Per model, [prompt, completion] tokens of answers stored without a price (unknown, or
+    stored by an earlier version): priced from the model's name when a report needs it."""
 
     def add(self, usage: Usage | None, *, lost_call: bool = False) -> None:
         """Count one answer's usage (or, with ``lost_call``, one call that got no answer)."""
@@ -96,9 +101,24 @@ class RoleUsage(msgspec.Struct, kw_only=True):
         self.calls += usage.calls
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
-        tally = self.by_model.setdefault(usage.model, [0, 0])
-        tally[0] += usage.prompt_tokens
-        tally[1] += usage.completion_tokens
+        for table in (self.by_model, self.unpriced if usage.usd is None else None):
+            if table is not None:
+                tally = table.setdefault(usage.model, [0, 0])
+                tally[0] += usage.prompt_tokens
+                tally[1] += usage.completion_tokens
+        self.usd += usage.usd or 0.0
+
+    def merge(self, other: RoleUsage) -> None:
+        """Add ``other``'s counts to these."""
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.usd += other.usd
+        for mine, theirs in ((self.by_model, other.by_model), (self.unpriced, other.unpriced)):
+            for name, (p, c) in theirs.items():
+                tally = mine.setdefault(name, [0, 0])
+                tally[0] += p
+                tally[1] += c
 
     @property
     def tokens(self) -> int:
@@ -305,14 +325,7 @@ class CampaignLog:
         out: dict[str, RoleUsage] = defaultdict(RoleUsage)
         for roles in self.usage.values():
             for role, u in roles.items():
-                total = out[role]
-                total.calls += u.calls
-                total.prompt_tokens += u.prompt_tokens
-                total.completion_tokens += u.completion_tokens
-                for name, (p, c) in u.by_model.items():
-                    tally = total.by_model.setdefault(name, [0, 0])
-                    tally[0] += p
-                    tally[1] += c
+                out[role].merge(u)
         return dict(out)
 
     def committed_turns(self, model: str | None = None) -> list[TurnKey]:

@@ -254,7 +254,10 @@ class ResilientClient(ClientWrapper):
         self._open_until = None
         self.stats.prompt_tokens += done.prompt_tokens
         self.stats.completion_tokens += done.completion_tokens
-        return msgspec.structs.replace(done, attempts=attempts, latency_s=sum(took) + waited)
+        usd = done.usd if done.usd is not None else self.inner.price(done)  # priced now, stored
+        return msgspec.structs.replace(
+            done, attempts=attempts, latency_s=sum(took) + waited, usd=usd
+        )
 
     # -- the circuit breaker --------------------------------------------------------------------
 

@@ -77,6 +77,9 @@ class Completion(msgspec.Struct, frozen=True, kw_only=True):
     model: str = ""
     provider_id: str = ""
     attempts: int = 1
+    usd: float | None = None
+    """What the call cost, as its client priced it when it was made (:meth:`ModelClient.price`,
+    stamped by :func:`open_model`'s wrapper); None: unknown (a model without a price)."""
 
 
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
