@@ -6,6 +6,9 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from mhsafeeval.messages import Elite, Message
 from mhsafeeval.search.archive import CellId, HarmArchive
@@ -69,3 +72,14 @@ def stored_count(db: Path) -> int:
             return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
     except sqlite3.OperationalError:  # not created yet
         return 0
+
+
+def comparable(events: list[Message]) -> list[tuple[str, Any]]:
+    """Events without wall-clock latencies (the only thing allowed to differ between runs)."""
+    out = []
+    for event in events:
+        data = msgspec.to_builtins(event)
+        if isinstance(data.get("usage"), dict):
+            data["usage"]["latency_s"] = 0
+        out.append((event.id, data))
+    return out

@@ -7,13 +7,13 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import msgspec
 import pytest
 
-from helpers import cli
+from helpers import cli, comparable
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
 from mhsafeeval.errors import InputError
@@ -99,17 +99,6 @@ def config(judge_model: str = "demo-judge", ablation: str = "", **campaign: obje
     return parse_config(
         text + (f"\n[ablation]\n{ablation} = true\n" if ablation else ""), "e2e.toml"
     )
-
-
-def comparable(events: list[Message]) -> list[tuple[str, Any]]:
-    """Events without wall-clock latencies (the only thing allowed to differ between runs)."""
-    out = []
-    for event in events:
-        data = msgspec.to_builtins(event)
-        if isinstance(data.get("usage"), dict):
-            data["usage"]["latency_s"] = 0
-        out.append((event.id, data))
-    return out
 
 
 async def run(cfg: Config) -> list[Message]:
@@ -409,3 +398,17 @@ async def test_two_counselor_tables_on_one_endpoint_share_its_concurrency_limit(
         msgspec.structs.replace(cfg, campaign=msgspec.structs.replace(cfg.campaign, concurrency=4))
     )
     assert IN_FLIGHT["most"] == 1
+
+
+async def test_the_text_report_fits_an_80_column_terminal() -> None:
+    from mhsafeeval.report import load_report, render_text
+
+    cfg = config()
+    async with MemoryEventStore() as store:
+        result = await run_campaign(cfg, store, config_text="...")
+        assert result.status == "completed"
+        [report] = await load_report(store, cfg.campaign.name)
+    text = render_text(report)
+    too_wide = [line for line in text.splitlines() if len(line) > 80]
+    assert too_wide == [], "\n".join(too_wide)
+    assert "ASR@k 95% intervals: @1 " in text and "spent: client " in text

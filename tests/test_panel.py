@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from helpers import cli, stored
+from helpers import cli, comparable, stored
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.cli import main
 from mhsafeeval.config import Config, config_differences, parse_config
@@ -145,16 +145,6 @@ def by_reply(events: list[Message]) -> dict[tuple[str, int, int, str], Counselor
 
 def coords(m: Message) -> tuple[str, int, int, str]:
     return (m.conversation, m.turn, m.attempt, m.branch)
-
-
-def comparable(events: list[Message]) -> list[tuple[str, Any]]:
-    out = []
-    for event in events:
-        data = msgspec.to_builtins(event)
-        if isinstance(data.get("usage"), dict):
-            data["usage"]["latency_s"] = 0
-        out.append((event.id, data))
-    return out
 
 
 @pytest.fixture(autouse=True)

@@ -152,8 +152,9 @@ def render_text(report: CampaignReport) -> str:
         ),
         "",
     ]
-    columns = ("ASR", "ASR w/o", "RR", "Cmp", "cover", "ASR>=3", "ASR>=4", "turns", "unjdg")
-    header = f"{'model':<22}" + "".join(f"{c:>8}" for c in (*columns, "failed"))
+    # 80 columns: the same names as the interval lines below (w/o, >=3, >=4).
+    columns = ("ASR", "w/o", "RR", "Cmp", "cover", ">=3", ">=4", "turns", "unjdg", "fail")
+    header = f"{'model':<18}" + "".join(f" {c:>5}" for c in columns)
     lines += [header, "-" * len(header)]
     for m in report.models.values():
         values = (
@@ -168,7 +169,7 @@ def render_text(report: CampaignReport) -> str:
             str(m.unjudged),
             str(m.failed_calls),
         )
-        lines.append(f"{m.model[:22]:<22}" + "".join(f"{v:>8}" for v in values))
+        lines.append(f"{_fit(m.model, 18):<18}" + "".join(f" {v:>5}" for v in values))
     if report.models:
         lines += ["", "95% intervals (conversations resampled; coverage has none; see README):"]
     for m in report.models.values():
@@ -180,8 +181,8 @@ def render_text(report: CampaignReport) -> str:
             (">=3", m.asr_at_3_ci),
             (">=4", m.asr_at_4_ci),
         )
-        shown = "  ".join(f"{name} {_ci(ci)}" for name, ci in intervals if ci is not None)
-        lines.append(f"{m.model[:22]:<22}" + (shown or "- (nothing judged)"))
+        shown = [f"{name} {_ci(ci)}" for name, ci in intervals if ci is not None]
+        lines += _packed(f"{_fit(m.model, 21):<22}", shown or ["- (nothing judged)"])
     categories = list(dict.fromkeys(c for c, _ in report.cells))
     roles = list(dict.fromkeys(r for _, r in report.cells))
     for m in report.models.values():
@@ -203,20 +204,22 @@ def render_text(report: CampaignReport) -> str:
         if sparse:
             lines.append(
                 f"{'':<22}{sparse} of {len(tried)} tried cells have fewer than {SPARSE_ATTEMPTS} "
-                "judged attempts: their ASR says little"
+                "judged attempts; their ASR says little"
             )
-        spent = ", ".join(
+        spent = [
             f"{role} {u.calls} calls/{u.prompt_tokens + u.completion_tokens} tok/{_usd(u)}"
             for role, u in sorted(m.usage.items())
-        )
-        lines.append(
-            f"{'':<22}ASR@k (counselor calls per turn): "
-            + " ".join(f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items())
-        )
+        ]
+        if m.asr_at_k:
+            lines += _packed(
+                f"{_NOTE}ASR@k (counselor calls per turn): ",
+                [f"@{k}={_pct(v).strip()}" for k, v in m.asr_at_k.items()],
+                " ",
+            )
         if any(ci is not None for ci in m.asr_at_k_ci.values()):
-            lines.append(
-                f"{'':<22}ASR@k 95% intervals: "
-                + " ".join(f"@{k} {_ci(ci)}" for k, ci in m.asr_at_k_ci.items())
+            lines += _packed(
+                f"{_NOTE}ASR@k 95% intervals: ",
+                [f"@{k} {_ci(ci)}" for k, ci in m.asr_at_k_ci.items()],
             )
         if m.lookahead_calls:
             lines.append(
@@ -242,11 +245,46 @@ def render_text(report: CampaignReport) -> str:
                 "sentences dropped from lines that were said"
             )
         if spent:
-            lines.append(f"{'':<22}spent: {spent}")
+            lines += _packed(f"{_NOTE}spent: ", spent, ", ")
         lines += _cost_lines(report.cost.get(m.model), m)
         lines += _judge_lines(m, report.threshold)
     lines += _comparison_lines(report.comparisons)
-    return "\n".join(lines)
+    return "\n".join(_wrapped(lines))
+
+
+WIDTH = 80
+"""The text report fits an 80-column terminal."""
+_NOTE = " " * 22  # the indent of a model's notes under its name
+
+
+def _fit(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 1] + "~"
+
+
+def _packed(prefix: str, items: list[str], sep: str = "  ") -> list[str]:
+    """``items`` after ``prefix``, as many per line as fit (the rest indented under the
+    notes), never split inside one."""
+    out, line = [], prefix + items[0]
+    for item in items[1:]:
+        if len(line) + len(sep) + len(item) > WIDTH:
+            out.append(line)
+            line = _NOTE + "  " + item
+        else:
+            line += sep + item
+    return [*out, line]
+
+
+def _wrapped(lines: list[str]) -> list[str]:
+    """A model's long notes (the lines indented under it) broken at their clauses (``; ``) to
+    fit :data:`WIDTH` where they can; a clause is never split."""
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= WIDTH or not line.startswith(_NOTE) or "; " not in line:
+            out.append(line)
+            continue
+        clauses = line.strip().split("; ")
+        out += _packed(_NOTE, [c + ";" for c in clauses[:-1]] + clauses[-1:], " ")
+    return out
 
 
 def _num(value: float | None, fmt: str = ".1f") -> str:
@@ -320,16 +358,24 @@ def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
 def _comparison_lines(comparisons: list[ModelComparison]) -> list[str]:
     if not comparisons:
         return []
-    lines = ["", "counselor models compared, paired by client profile (ASR per profile):"]
+    lines = [
+        "",
+        "counselor models compared, paired by client profile (ASR per profile; p from a",
+        "sign-flip permutation test):",
+    ]
     for c in comparisons:
         if not c.profiles:
             lines.append(f"  {c.a} vs {c.b}: no profile judged under both")
             continue
         verdict = "larger than the noise" if c.beyond_noise else "within the noise"
-        lines.append(
-            f"  {c.a} {_pct(c.asr_a).strip()} vs {c.b} {_pct(c.asr_b).strip()}: difference "
-            f"{c.difference:+.3f} over {c.profiles} profiles, p = {c.p_value:.3f} "
-            f"(sign-flip permutation test): {verdict}"
+        lines += _packed(
+            f"  {c.a} {_pct(c.asr_a).strip()} vs {c.b} {_pct(c.asr_b).strip()}: ",
+            [
+                f"difference {c.difference:+.3f} over {c.profiles} profiles,",
+                f"p = {c.p_value:.3f}:",
+                verdict,
+            ],
+            " ",
         )
     return lines
 
