@@ -49,20 +49,40 @@ or as an HTTP date). No message built here contains the API key's value.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import email.utils
 import functools
 import inspect
-import math
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import msgspec
 import structlog
 
 from .._logging import register_secret
+from ._openai_compat import _NEXT_MODE as _NEXT_MODE
+from ._openai_compat import _SCHEMA_WORDS as _SCHEMA_WORDS
+from ._openai_compat import _UNSUPPORTED_IN_STRICT as _UNSUPPORTED_IN_STRICT
+from ._openai_compat import MAX_MESSAGE_CHARS as MAX_MESSAGE_CHARS
+from ._openai_compat import TRANSIENT_STATUS as TRANSIENT_STATUS
+from ._openai_compat import (
+    Mode,
+    SchemaRejectedError,
+    StructuredOutput,
+    _names_response_format,
+    chat_fields,
+    completion_from,
+    env_headers,
+    error_text,
+    parse_retry_after,
+    retry_after_in,
+    step_down,
+    strict_subset,
+    transient_status,
+)
+from ._openai_compat import _number as _number
+from ._openai_compat import _scrub as _scrub
+from ._openai_compat import _with_schema as _with_schema
 from ._registry import SettingsError, provider, typed_options
 from ._types import (
     CallParams,
@@ -74,6 +94,8 @@ from ._types import (
     TransientProviderError,
 )
 
+# The `NAME as NAME` imports above keep names that moved to _openai_compat importable here.
+
 __all__ = [
     "LiteLLMModel",
     "LiteLLMOptions",
@@ -84,49 +106,6 @@ __all__ = [
     "strict_subset",
     "token_price",
 ]
-
-# Keywords that hosted strict modes reject (OpenAI refuses maxLength, for one) or ignore. The
-# caller validates the answer itself, so dropping them loses no safety, only a generation hint.
-_UNSUPPORTED_IN_STRICT = frozenset(
-    {
-        "maxLength",
-        "minLength",
-        "pattern",
-        "format",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-    }
-)
-
-
-def strict_subset(schema: Any) -> Any:
-    """``schema`` without the keywords hosted strict structured-output modes reject.
-
-    Example:
-        >>> strict_subset({"type": "string", "maxLength": 5})
-        {'type': 'string'}
-    """
-    if isinstance(schema, list):
-        return [strict_subset(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _UNSUPPORTED_IN_STRICT:
-            continue
-        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            # These map names to schemas: a property may well be called "format".
-            out[key] = {name: strict_subset(sub) for name, sub in value.items()}
-        else:
-            out[key] = strict_subset(value)
-    return out
-
 
 # Options the adapter reads itself; the rest of ``settings.options`` goes to litellm.acompletion.
 OWN_OPTIONS = frozenset({"supports_json_schema", "structured_output", "extra_headers_env"})
@@ -155,9 +134,6 @@ RESERVED_OPTIONS = frozenset(
 )
 log = structlog.get_logger("mhsafeeval.providers")
 
-# Same policy as the OpenAI SDK's own retry decision.
-TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
-MAX_MESSAGE_CHARS = 1000  # error pages can be whole HTML documents
 LOGGING_FLUSH_S = 5.0  # how long aclose lets litellm's queued logging callbacks run
 
 
@@ -166,7 +142,7 @@ class LiteLLMOptions(msgspec.Struct, frozen=True, kw_only=True):
     must be a parameter of ``litellm.acompletion`` (or one of :data:`LITELLM_EXTRA_OPTIONS`)
     and is passed to it as it is."""
 
-    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = "auto"
+    structured_output: StructuredOutput = "auto"
     """The structured-output mode to start from (see the module docstring); a rejection
     still steps down from it."""
     supports_json_schema: bool | None = None
@@ -383,27 +359,12 @@ class LiteLLMModel:
             cost = token_price(self.model, completion.prompt_tokens, completion.completion_tokens)
         return cost
 
-    def _headers(self) -> dict[str, str]:
-        """The ``extra_headers_env`` headers, read from the environment now (at each call)."""
-        headers = {}
-        for name, variable in self._headers_env.items():
-            value = os.environ.get(variable)
-            if not value:
-                raise PermanentProviderError(
-                    f"{self.name}: the environment variable {variable} "
-                    f"(options.extra_headers_env.{name}) is not set or empty"
-                )
-            register_secret(value)  # scrubbed from every log line from now on
-            headers[name] = value
-        return headers
-
     def request(self, messages: Sequence[ChatMessage], params: CallParams) -> dict[str, Any]:
         """The keyword arguments of ``litellm.acompletion`` for one call (API key included)."""
         s = self._settings
         kwargs: dict[str, Any] = {
             **self._extra,
-            "model": self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            **chat_fields(self.model, messages, params, self.mode),
             "timeout": s.timeout,
             # One attempt: num_retries=0 turns off litellm's wrapper retries and makes the
             # OpenAI SDK client use max_retries=0 (otherwise it sends 3 requests per call).
@@ -415,29 +376,8 @@ class LiteLLMModel:
         if self._api_key is not None:
             kwargs["api_key"] = self._api_key
         if self._headers_env:
-            kwargs["extra_headers"] = {**self._extra.get("extra_headers", {}), **self._headers()}
-        if params.temperature is not None:
-            kwargs["temperature"] = params.temperature
-        if params.max_tokens is not None:
-            kwargs["max_tokens"] = params.max_tokens
-        if params.seed is not None:
-            kwargs["seed"] = params.seed
-        if params.stop:
-            kwargs["stop"] = list(params.stop)
-        if params.json_schema is None or self.mode == "prompt":
-            return kwargs
-        if self.mode == "json_schema":
-            kwargs["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": params.schema_name,
-                    "schema": strict_subset(params.json_schema),
-                    "strict": True,
-                },
-            }
-        else:  # json_object: the server keeps the answer JSON, the prompt gives its shape
-            kwargs["response_format"] = {"type": "json_object"}
-            kwargs["messages"] = _with_schema(kwargs["messages"], params.json_schema)
+            headers = env_headers(self.name, self._headers_env)
+            kwargs["extra_headers"] = {**self._extra.get("extra_headers", {}), **headers}
         return kwargs
 
     async def complete(
@@ -461,17 +401,8 @@ class LiteLLMModel:
             except SchemaRejectedError as exc:
                 # Never retried as transient: this server will not take this mode. Step down
                 # for good (this call and every later one) and send the call again at once.
-                if self.mode == "prompt":  # pragma: no cover - prompt mode sends no format
-                    raise
-                rejected, self.mode = self.mode, _NEXT_MODE[self.mode]
-                log.warning(
-                    "provider.structured_output_mode",
-                    model=self.name,
-                    rejected=rejected,
-                    now=self.mode,
-                    error=str(exc),
-                )
-        return self._completion(response)
+                self.mode = step_down(self.name, self.mode, exc)
+        return completion_from(self.name, self.model, response)
 
     async def _send(self, kwargs: dict[str, Any]) -> Any:
         try:
@@ -486,29 +417,6 @@ class LiteLLMModel:
             # Keep litellm's exception as the cause unless its text would leak the key.
             key = self._api_key
             raise error from (None if key and key in str(exc) else exc)
-
-    def _completion(self, response: Any) -> Completion:
-        choices = getattr(response, "choices", None) or []
-        if not choices:
-            raise TransientProviderError(f"{self.name}: empty choices")
-        choice = choices[0]
-        finish = str(getattr(choice, "finish_reason", None) or "unknown")
-        content = getattr(getattr(choice, "message", None), "content", None)
-        if content is None:
-            # A filtered reply is the provider refusing; "length" with no text is a truncation
-            # the caller should see. Anything else without content is a broken reply.
-            if finish not in ("content_filter", "length"):
-                raise TransientProviderError(f"{self.name}: reply has no content ({finish=})")
-            content = ""
-        usage = getattr(response, "usage", None)
-        return Completion(
-            text=str(content),
-            finish_reason=finish,
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            model=str(getattr(response, "model", None) or self.model),
-            provider_id=str(getattr(response, "id", None) or ""),
-        )
 
     async def aclose(self) -> None:
         """Close litellm's cached HTTP clients once no litellm model is left open. Idempotent.
@@ -546,26 +454,6 @@ async def _shut_down_litellm(ll: Any) -> None:
         await worker.stop()
 
 
-Mode = Literal["json_schema", "json_object", "prompt"]
-_NEXT_MODE: dict[str, Mode] = {"json_schema": "json_object", "json_object": "prompt"}
-
-
-def _with_schema(messages: list[dict[str, Any]], schema: Any) -> list[dict[str, Any]]:
-    """``messages`` with the JSON schema of the answer stated in the system prompt."""
-    rule = (
-        "Answer with one JSON object and nothing else. It must follow this JSON schema:\n"
-        + msgspec.json.encode(schema).decode()
-    )
-    if messages and messages[0].get("role") == "system":
-        first = {**messages[0], "content": f"{messages[0].get('content', '')}\n\n{rule}"}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": rule}, *messages]
-
-
-class SchemaRejectedError(PermanentProviderError):
-    """The server refused the request's ``response_format`` (its structured-output mode)."""
-
-
 def classify_error(
     exc: BaseException, litellm: Any, *, secret: str | None = None, response_format: bool = False
 ) -> TransientProviderError | PermanentProviderError:
@@ -574,11 +462,8 @@ def classify_error(
     ``secret`` (the API key) is scrubbed from the message. ``response_format``: the request
     sent one, so a rejection naming it is a :class:`SchemaRejectedError`.
     """
-    name = type(exc).__name__
     status = _status(exc)
-    message = _scrub(f"{name}: {exc}", secret)
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[:MAX_MESSAGE_CHARS] + "..."
+    message = error_text(exc, secret)
     permanent = tuple(
         getattr(litellm, n)
         for n in (
@@ -609,26 +494,11 @@ def classify_error(
         return SchemaRejectedError(message, status=status)
     if isinstance(exc, permanent) or _refused_to_send(exc):
         return PermanentProviderError(message, status=status)
-    if isinstance(exc, transient) or (
-        status is not None and (status in TRANSIENT_STATUS or status >= 500)
-    ):
+    if isinstance(exc, transient) or (status is not None and transient_status(status)):
         return TransientProviderError(message, status=status, retry_after=_retry_after(exc))
     if status is not None:
         return PermanentProviderError(message, status=status)
     return PermanentProviderError(f"unexpected {message}", status=None)
-
-
-# What servers say when they refuse a structured-output request: OpenAI "Invalid schema for
-# response_format ...", llama.cpp 'response_format type must be one of "text" or "json_object"'
-# or a failed schema-to-grammar conversion, vLLM "... json_schema ...".
-_SCHEMA_WORDS = ("response_format", "json_schema", "schema", "grammar")
-
-
-def _names_response_format(exc: BaseException, status: int | None) -> bool:
-    if status is None or status in TRANSIENT_STATUS or status in (502, 503, 504):
-        return False  # rate limits, gateways and outages are not about the request's content
-    text = str(exc).lower()
-    return any(word in text for word in _SCHEMA_WORDS)
 
 
 def _refused_to_send(exc: BaseException) -> bool:
@@ -651,41 +521,6 @@ def _refused_to_send(exc: BaseException) -> bool:
     return "missing credentials" in str(exc).lower()
 
 
-def parse_retry_after(
-    headers: Mapping[str, str], *, now: dt.datetime | None = None
-) -> float | None:
-    """Seconds a provider asked us to wait, from ``retry-after-ms`` or ``Retry-After``.
-
-    ``Retry-After`` may be seconds or an HTTP date (``now`` is injectable for tests).
-    Header names must be lower-case. Returns ``None`` when absent or unreadable.
-    """
-    millis = _number(headers.get("retry-after-ms"))
-    if millis is not None:
-        return millis / 1000
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    seconds = _number(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # "-0000" dates parse naive; HTTP dates are always GMT
-        when = when.replace(tzinfo=dt.UTC)
-    now = now or dt.datetime.now(dt.UTC)
-    return max(0.0, (when - now).total_seconds())
-
-
-def _number(value: str | None) -> float | None:
-    try:
-        number = float(value) if value is not None else math.nan
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
-
-
 def _status(exc: BaseException) -> int | None:
     # litellm's InternalServerError always says 500; the upstream status, when known, is here.
     for attr in ("provider_status_code", "status_code"):
@@ -698,22 +533,13 @@ def _status(exc: BaseException) -> int | None:
 def _retry_after(exc: BaseException) -> float | None:
     # litellm copies the upstream headers to litellm_response_headers; RateLimitError keeps
     # them on .response; .headers holds proxy-supplied ones.
-    for source in (
-        getattr(exc, "litellm_response_headers", None),
-        getattr(getattr(exc, "response", None), "headers", None),
-        getattr(exc, "headers", None),
-    ):
-        if source is None or not hasattr(source, "items"):
-            continue
-        headers = {str(k).lower(): str(v) for k, v in source.items()}
-        seconds = parse_retry_after(headers)
-        if seconds is not None:
-            return seconds
-    return None
-
-
-def _scrub(text: str, secret: str | None) -> str:
-    return text.replace(secret, "[api key]") if secret else text
+    return retry_after_in(
+        (
+            getattr(exc, "litellm_response_headers", None),
+            getattr(getattr(exc, "response", None), "headers", None),
+            getattr(exc, "headers", None),
+        )
+    )
 
 
 @provider("litellm", options=LiteLLMOptions, check=check_litellm_settings)

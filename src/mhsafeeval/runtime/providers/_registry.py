@@ -63,6 +63,10 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
             "mhsafeeval.runtime.providers._litellm",
             "Any model litellm reaches (hosted APIs, vLLM servers, Ollama)",
         ),
+        "openai": (
+            "mhsafeeval.runtime.providers._openai",
+            "OpenAI or any OpenAI-compatible server (vLLM, llama.cpp, Ollama), lean openai SDK",
+        ),
         "local": (
             "mhsafeeval.runtime.providers._local",
             "llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf> (extra: local)",
