@@ -255,3 +255,20 @@ def test_a_config_without_counselors_cannot_run(
     path.write_text('[models.critic]\nprovider = "a/b"\n[counselors.x]\nprovider = "a/b"\n')
     assert main(["check", str(path)]) == 2
     assert "models.critic: unknown agent role" in capsys.readouterr().err
+
+
+def test_pacing_keys_of_model_tables_may_change_on_resume() -> None:
+    """A campaign stored before ``adaptive_concurrency`` existed resumes, and a resumed run may
+    pace its calls differently; a key that changes what is sent still differs."""
+    text = GOOD + "\n[models.judge]\nprovider = \"scripted/demo-judge\"\nmax_concurrency = 4\n"
+    now = parse_config(text, "c.toml")
+    stored = json.loads(canonical_config(now))
+    judge = stored["models"]["judge"]
+    for key in ("adaptive_concurrency", "min_concurrency"):
+        del judge[key]  # what an older version stored
+    judge["max_concurrency"] = 16
+    assert config_differences(json.dumps(stored), now) == []
+    judge["temperature"] = 0.9
+    assert config_differences(json.dumps(stored), now) == [
+        "models.judge.temperature: stored 0.9, now null"
+    ]

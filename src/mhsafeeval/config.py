@@ -36,6 +36,7 @@ __all__ = [
     "AGENT_ROLES",
     "CLIENT_STYLES",
     "MAX_PLANNED_CONVERSATIONS",
+    "PACING_KEYS",
     "RESUMABLE_CHANGES",
     "AblationSection",
     "BudgetSection",
@@ -151,6 +152,12 @@ RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency", "judges")
 """Config keys a resumed campaign may change; any other difference is refused. ``judges``
 (the reporting panel) never steers the search: a panel added to a stored campaign rates the
 replies already stored too, and one removed simply rates no more."""
+
+PACING_KEYS = frozenset({"max_concurrency", "min_concurrency", "adaptive_concurrency"})
+"""Keys of a model table that only pace its calls (how many are in flight at once), never
+what is sent or answered: a resumed campaign may change them (like ``campaign.concurrency``),
+and a campaign stored before a pacing key existed resumes."""
+_MODEL_SECTIONS = ("models", "counselors")  # judges.panel is resumable as a whole
 
 MAX_PANEL_SAMPLES = 20
 """The most times ``[judges]`` may sample each panel model per reply."""
@@ -416,6 +423,8 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
 
     def walk(a: Any, b: Any, path: str) -> None:
         if any(path == k or path.startswith(k + ".") for k in RESUMABLE_CHANGES):
+            return
+        if path.rpartition(".")[2] in PACING_KEYS and path.split(".")[0] in _MODEL_SECTIONS:
             return
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 import msgspec
@@ -27,11 +28,21 @@ from ._types import (
 )
 from ._wrapper import ClientWrapper
 
-__all__ = ["CallStats", "Connections", "ResilientClient"]
+__all__ = ["OVERLOAD_STATUS", "AdaptiveLimit", "CallStats", "Connections", "ResilientClient"]
 
 log = structlog.get_logger("mhsafeeval.providers")
 
 Sleep = Callable[[float], Awaitable[None]]
+
+OVERLOAD_STATUS = frozenset({429, 503, 529})
+"""HTTP statuses that ask for less load, so they narrow an adaptive limit: 429 (rate limited),
+503 (the standard "overloaded, try later": OpenAI's "engine overloaded", Ollama's full queue)
+and 529 (Anthropic's "overloaded"). Other transient failures (500, 502, 504, timeouts, dropped
+connections) say nothing reliable about load and leave the limit alone."""
+
+LOG_INTERVAL_S = 5.0
+"""At most one ``provider.concurrency`` line per endpoint in this many seconds; the next one
+says how many changes it covers."""
 
 
 class CallStats(msgspec.Struct):
@@ -46,15 +57,137 @@ class CallStats(msgspec.Struct):
     retry_wait_s: float = 0.0
 
 
+class AdaptiveLimit:
+    """How many calls one endpoint gets at once: a limit that narrows when the endpoint says it
+    is overloaded and widens again while calls succeed (AIMD, as TCP's congestion window).
+
+    * it starts at ``maximum``;
+    * an answer with a status in :data:`OVERLOAD_STATUS` halves it (never below ``minimum``),
+      at most once per round: a round ends with each decrease, and the answers (failures or
+      successes) of calls that started before it are ignored, so a burst of calls in flight
+      failing together narrows it once, not down to ``minimum`` at once;
+    * it widens by one, up to ``maximum``, once as many calls as the limit allows (one round)
+      have succeeded since its last change, counting only calls that started after the last
+      decrease and found the limit in use (as many calls in flight as it allows: a success
+      with slots to spare says nothing about a wider limit);
+    * narrowing never cancels a call in flight: new calls wait until fewer than the limit are
+      in flight. Waiting is cancellation-safe (an :class:`anyio.CapacityLimiter` underneath).
+
+    With ``adaptive`` False it is a fixed limit of ``maximum``. Clients on one endpoint share
+    one (see :class:`Connections`).
+
+    Example:
+        >>> limit = AdaptiveLimit(8, minimum=2, endpoint="litellm:http://localhost:8000/v1")
+        >>> limit.total_tokens, limit.maximum, limit.borrowed_tokens
+        (8, 8, 0)
+    """
+
+    def __init__(
+        self, maximum: int, *, minimum: int = 1, adaptive: bool = True, endpoint: str = ""
+    ) -> None:
+        if not 1 <= minimum <= maximum:
+            raise ValueError(f"{endpoint or 'limit'}: need 1 <= minimum <= maximum")
+        self.endpoint = endpoint
+        self.maximum = maximum
+        self.minimum = minimum
+        self.adaptive = adaptive
+        self._limiter = anyio.CapacityLimiter(maximum)
+        self._round = 0  # decreases so far
+        self._successes = 0  # counted towards the next increase
+        self._logged_at: float | None = None
+        self._logged_value = maximum
+        self._unlogged = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """The current limit (as :attr:`anyio.CapacityLimiter.total_tokens`)."""
+        return int(self._limiter.total_tokens)
+
+    @property
+    def borrowed_tokens(self) -> int:
+        """Calls in flight now (may exceed :attr:`total_tokens` just after it narrowed)."""
+        return self._limiter.borrowed_tokens
+
+    def widen(self, maximum: int) -> None:
+        """Raise the maximum to ``maximum`` if it is lower; a limit that had not narrowed
+        widens with it."""
+        if maximum > self.maximum:
+            at_top = self.total_tokens == self.maximum
+            self.maximum = maximum
+            if at_top:
+                self._limiter.total_tokens = maximum
+
+    def include(self, settings: ModelSettings) -> None:
+        """Take in one more model table on this endpoint: the widest ``max_concurrency``, the
+        highest ``min_concurrency``; fixed at the maximum if it says
+        ``adaptive_concurrency = false``."""
+        self.widen(settings.max_concurrency)
+        self.minimum = min(self.maximum, max(self.minimum, settings.min_concurrency))
+        self.adaptive = self.adaptive and settings.adaptive_concurrency
+        if not self.adaptive:
+            self._limiter.total_tokens = self.maximum
+        elif self.total_tokens < self.minimum:
+            self._limiter.total_tokens = self.minimum
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[int]:
+        """Hold one slot for a call; yields the round it started in (for :meth:`succeeded`
+        and :meth:`overloaded`)."""
+        async with self._limiter:
+            yield self._round
+
+    def succeeded(self, started: int) -> None:
+        """A call that started in round ``started`` succeeded (call it while holding the
+        slot)."""
+        current = self.total_tokens
+        if not self.adaptive or started != self._round or current >= self.maximum:
+            return
+        if self.borrowed_tokens < current:
+            return  # the limit was not in use
+        self._successes += 1
+        if self._successes >= current:
+            self._change(current + 1, "calls succeed")
+
+    def overloaded(self, started: int, status: int) -> None:
+        """A call that started in round ``started`` was answered ``status`` (one of
+        :data:`OVERLOAD_STATUS`)."""
+        if not self.adaptive or started != self._round:
+            return  # it was in flight before the last decrease: that one answered for it
+        self._round += 1
+        self._successes = 0
+        current = self.total_tokens
+        narrower = max(self.minimum, current // 2)
+        if narrower < current:
+            self._change(narrower, f"HTTP {status}")
+
+    def _change(self, value: int, reason: str) -> None:
+        self._limiter.total_tokens = value
+        self._successes = 0
+        now = anyio.current_time()
+        self._unlogged += 1
+        if self._logged_at is not None and now - self._logged_at < LOG_INTERVAL_S:
+            return  # a storm of changes is summed up by the next line
+        log.info(
+            "provider.concurrency",
+            endpoint=self.endpoint,
+            old=self._logged_value,
+            new=value,
+            maximum=self.maximum,
+            reason=reason,
+            changes=self._unlogged,
+        )
+        self._logged_at, self._logged_value, self._unlogged = now, value, 0
+
+
 class Connections:
     """Concurrency limits shared by every client opened with it, one per endpoint.
 
     A composition root that opens many models makes one and passes it to each
     :func:`~mhsafeeval.runtime.providers.open_model`: clients whose providers report the same
     :attr:`~mhsafeeval.runtime.providers.ModelClient.connection_key` (two model tables on one
-    server that differ only in temperature, say) share one :class:`anyio.CapacityLimiter`.
+    server that differ only in temperature, say) share one :class:`AdaptiveLimit`.
     Each table's ``max_concurrency`` says how many calls its endpoint takes; the shared limit
-    is the largest of them.
+    is at most the largest of them, and starts there.
 
     Example:
         >>> from mhsafeeval.runtime.providers import ModelSettings, open_model
@@ -64,33 +197,41 @@ class Connections:
         ...     ModelSettings(provider="scripted/echo", temperature=1.0, max_concurrency=8),
         ...     connections=shared,
         ... )
-        >>> a.limiter is b.limiter, a.limiter.total_tokens
-        (True, 8)
+        >>> a.limiter is b.limiter, shared.limits()
+        (True, {'scripted:echo': (8, 8)})
     """
 
     def __init__(self) -> None:
-        self._limiters: dict[str, anyio.CapacityLimiter] = {}
+        self._limiters: dict[str, AdaptiveLimit] = {}
 
-    def limiter(self, key: str, size: int) -> anyio.CapacityLimiter:
-        """The limit of endpoint ``key``, widened to ``size`` if it is narrower."""
+    def limiter(self, key: str, size: int) -> AdaptiveLimit:
+        """The limit of endpoint ``key``, its maximum widened to ``size`` if it is narrower
+        (the clients' :class:`ResilientClient` take in the rest of their tables)."""
         limiter = self._limiters.get(key)
         if limiter is None:
-            limiter = self._limiters[key] = anyio.CapacityLimiter(size)
-        elif limiter.total_tokens < size:
-            limiter.total_tokens = size
+            limiter = self._limiters[key] = AdaptiveLimit(size, endpoint=key)
+        else:
+            limiter.widen(size)
         return limiter
 
     def keys(self) -> list[str]:
         """The endpoints with a limit, in the order they were first opened."""
         return list(self._limiters)
 
+    def limits(self) -> dict[str, tuple[int, int]]:
+        """Each endpoint's ``(current limit, maximum)``, in the order they were first opened
+        (for progress displays: a current limit below the maximum means it backed off)."""
+        return {key: (lim.total_tokens, lim.maximum) for key, lim in self._limiters.items()}
+
 
 class ResilientClient(ClientWrapper):
     """Wraps a provider's :class:`ModelClient` with the policies every call needs.
 
-    * an :class:`anyio.CapacityLimiter` (its own, or one its endpoint shares through
-      :class:`Connections`), held only while a request is in flight (not while backing off),
-      so a rate-limited model does not block its own retries;
+    * a concurrency limit (:class:`AdaptiveLimit`: its own, or one its endpoint shares
+      through :class:`Connections`), held only while a request is in flight (not while
+      backing off), so a rate-limited model does not block its own retries; answers with a
+      status in :data:`OVERLOAD_STATUS` narrow it, successes widen it again
+      (``settings.adaptive_concurrency``);
     * a deadline (``settings.timeout``) on every attempt;
     * up to ``settings.max_attempts`` attempts on the errors the provider says are worth
       retrying (:meth:`ModelClient.should_retry`; built-ins: :class:`TransientProviderError`,
@@ -113,19 +254,28 @@ class ResilientClient(ClientWrapper):
         inner: ModelClient,
         settings: ModelSettings,
         *,
-        limiter: anyio.CapacityLimiter | None = None,
+        limiter: AdaptiveLimit | None = None,
         sleep: Sleep | None = None,
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(inner)
         self.settings = settings
-        self.limiter = limiter or anyio.CapacityLimiter(settings.max_concurrency)
+        if limiter is None:
+            endpoint = f"{settings.provider.partition('/')[0]}:{inner.connection_key}"
+            limiter = AdaptiveLimit(settings.max_concurrency, endpoint=endpoint)
+        limiter.include(settings)
+        self.limiter = limiter
         self.stats = CallStats()
         self._sleep: Sleep = sleep or anyio.sleep
         self._rng = rng or random.Random()
         self._closed = False
         self._consecutive_failures = 0
         self._open_until: float | None = None
+
+    @property
+    def limit(self) -> tuple[int, int]:
+        """The endpoint's ``(current concurrency limit, maximum)`` (for progress displays)."""
+        return self.limiter.total_tokens, self.limiter.maximum
 
     @property
     def sampling(self) -> CallParams:
@@ -188,7 +338,7 @@ class ResilientClient(ClientWrapper):
     ) -> Completion:
         """One attempt; appends its duration to ``took`` whatever the outcome."""
         self.stats.attempts += 1
-        async with self.limiter:
+        async with self.limiter.slot() as started:
             start = anyio.current_time()
             try:
                 with anyio.fail_after(self.settings.timeout):
@@ -197,8 +347,13 @@ class ResilientClient(ClientWrapper):
                 raise TransientProviderError(
                     f"no answer within {self.settings.timeout:g}s (timeout)"
                 ) from exc
+            except TransientProviderError as exc:
+                if exc.status in OVERLOAD_STATUS:
+                    self.limiter.overloaded(started, exc.status)
+                raise
             finally:
                 took.append(anyio.current_time() - start)
+            self.limiter.succeeded(started)
         if done.latency_s:  # the provider timed its own answer
             took[-1] = done.latency_s
         return done

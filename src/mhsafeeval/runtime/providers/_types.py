@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -104,6 +104,14 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     api_key_env: str | None = None
     timeout: float = 60.0
     max_concurrency: int = 4
+    adaptive_concurrency: bool = True
+    """Narrow the endpoint's concurrency limit when it says it is overloaded (HTTP 429, 503 or
+    529), at most by half per round of calls, and widen it again by one per round of calls that
+    succeed, never above ``max_concurrency`` nor below ``min_concurrency``. ``false``: a fixed
+    limit of ``max_concurrency``. Tables sharing one endpoint share one limit, which is fixed if
+    any of them says ``false``."""
+    min_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
+    """The narrowest the adaptive limit gets (at most ``max_concurrency``)."""
     temperature: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
@@ -122,6 +130,11 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         checks = (
             (self.timeout > 0, "timeout", "must be > 0 seconds"),
             (self.max_concurrency >= 1, "max_concurrency", "must be >= 1"),
+            (
+                self.min_concurrency <= self.max_concurrency,
+                "min_concurrency",
+                "must be <= max_concurrency",
+            ),
             (self.max_attempts >= 1, "max_attempts", "must be >= 1"),
             (len(self.stop) <= 4, "stop", "at most 4 stop sequences"),
             (all(self.stop), "stop", "a stop sequence must not be empty"),
