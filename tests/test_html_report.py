@@ -16,7 +16,7 @@ from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
 from mhsafeeval.export import archive_json
-from mhsafeeval.html_report import WARNING, build_html, embed_json
+from mhsafeeval.html_report import WARNING, build_html, embed_json, write_html
 from mhsafeeval.report import load_report
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore
@@ -52,19 +52,28 @@ style = "guarded"
 """ + scripted_models(counselors={"hostile": "hostile-counselor", "plain": "demo-counselor"})
 
 
-async def _build() -> tuple[str, dict[str, Any], Any]:
+PAGED = "paged.html"  # the same report, its transcripts in pages of about 20 attempts
+
+
+async def _build(folder: Path) -> tuple[str, dict[str, Any], Any]:
     async with MemoryEventStore() as store:
         result = await run_campaign(parse_config(CONFIG, "html.toml"), store, config_text=CONFIG)
         assert result.status == "completed"
         page = await build_html(store, "html")
         archive = await archive_json(store, "html")
         (report,) = await load_report(store, "html")
+        await write_html(store, "html", folder / PAGED, inline_attempts=0, page_attempts=20)
         return page, archive, report
 
 
 @pytest.fixture(scope="module")
-def built() -> tuple[str, dict[str, Any], Any]:
-    return anyio.run(_build)
+def paged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("paged")
+
+
+@pytest.fixture(scope="module")
+def built(paged: Path) -> tuple[str, dict[str, Any], Any]:
+    return anyio.run(_build, paged)
 
 
 def _data(page: str) -> list[dict[str, Any]]:
@@ -146,12 +155,31 @@ async def test_unknown_campaign_is_an_input_error(anyio_backend: str) -> None:
             await build_html(store, "nope", source="x.db")
 
 
-def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) -> None:
+def _chromium(p: Any) -> Any:
+    """Debian's chromium under playwright, with nothing of its own on the network."""
+    return p.chromium.launch(
+        executable_path=str(CHROMIUM),
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    )
+
+
+def _sync_api() -> Any:
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {CHROMIUM} is missing: install Debian's chromium")
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium) to run the browser test")
-    sync_api = pytest.importorskip("playwright.sync_api")
+    return pytest.importorskip("playwright.sync_api")
+
+
+def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) -> None:
+    sync_api = _sync_api()
     page_html, archive, _ = built
     target = tmp_path / "report.html"
     target.write_text(page_html, encoding="utf-8")
@@ -159,17 +187,7 @@ def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) ->
     requests: list[str] = []
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
+        browser = _chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.on("request", lambda r: requests.append(r.url))
@@ -239,3 +257,74 @@ def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) ->
         finally:
             browser.close()
     assert set(requests) == {url}
+
+
+def test_paged_report_in_a_browser(built: tuple[str, dict[str, Any], Any], paged: Path) -> None:
+    """A report with its transcripts in side files: a page loads when chosen, escaped as
+    inline, and the elite trajectories are there without any page."""
+    sync_api = _sync_api()
+    _, archive, _ = built
+    target = paged / PAGED
+    files = sorted((paged / "paged_files").iterdir())
+    assert len(files) >= 3
+    assert any("window.__pwned" in f.read_text() for f in files)  # the hostile replies
+    assert not any(c in f.read_text() for f in files for c in "<>&")  # escaped as inline
+    main = target.read_text()
+    assert len(re.findall(r"<script", main, re.I)) == 2  # the pages come in only when asked
+    (c,) = _data(main)
+    assert c["attempts"] == [] and len(c["pages"]) == len(files)
+    url = target.as_uri()
+    requests: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = _chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            page.wait_for_selector("body[data-ready='1']")
+            root = '.transcripts[data-campaign="0"]'
+            page.wait_for_selector(f"{root} .meta[data-page='1']", timeout=10_000)
+            count = page.locator(f"{root} .count")
+            first = int(count.get_attribute("data-attempts") or "-1")
+            assert first == c["pages"][0]["attempts"]
+
+            page.locator(f'{root} select[name="page"]').select_option("2")
+            page.wait_for_selector(f"{root} .meta[data-page='3']", timeout=10_000)
+            assert int(count.get_attribute("data-attempts") or "-1") == c["pages"][2]["attempts"]
+            summaries = page.locator("details.conversation summary").all_inner_texts()
+            conversations = {r["conversation"] for r in _page_records(files[2])}
+            assert summaries and {s.split(" ")[0] for s in summaries} == conversations
+            assert summaries[0].startswith(c["pages"][2]["first"])
+            page.locator("details.conversation summary").first.click()
+            page.wait_for_selector("details.conversation .attempt", timeout=10_000)
+            page.locator(f'{root} select[name="outcome"]').select_option("success")
+            hits = int(count.get_attribute("data-attempts") or "-1")
+            assert hits <= c["pages"][2]["attempts"]
+
+            # An elite trajectory needs no page: its conversation's turns are inline.
+            model = "hostile"
+            cell = page.locator(f'td.cell.filled[data-model="{model}"]').first
+            elite = archive[model][
+                f"{cell.get_attribute('data-category')}/{cell.get_attribute('data-role')}"
+            ]
+            cell.click()
+            text = page.locator("#elite-0").inner_text()
+            assert elite["instruction"] in text
+            assert f"{elite['turn']} earlier committed turn(s)" in text
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert errors == []
+        finally:
+            browser.close()
+    loaded = {target.parent.joinpath(*r.split("/")[-2:]).as_uri() for r in requests if r != url}
+    assert set(requests) == {url} | loaded
+    assert loaded == {f.as_uri() for f in (files[0], files[2])}
+
+
+def _page_records(path: Path) -> list[dict[str, Any]]:
+    """The attempts of one page file (its one ``mhsafeevalPage(campaign, page, [...])`` call)."""
+    call = re.fullmatch(r"mhsafeevalPage\(\d+, \d+, (.*)\);\n", path.read_text(), re.S)
+    assert call is not None
+    records: list[dict[str, Any]] = json.loads(call.group(1))
+    return records

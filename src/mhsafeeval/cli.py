@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import io
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 import anyio
 import msgspec
@@ -549,20 +552,18 @@ def _print_estimate(config: Config, conversations: int, calls: dict[str, tuple[i
 
 
 async def _report(args: argparse.Namespace) -> int:
-    from mhsafeeval._files import write_private_atomic
     from mhsafeeval.report import load_report, render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
     async with SqliteEventStore(args.db, read_only=True) as store:
-        reports = await load_report(store, args.campaign, source=args.db)
         if args.html is not None:
-            from mhsafeeval.html_report import build_html
+            from mhsafeeval.html_report import pages_folder, write_html
 
-            html = await build_html(store, args.campaign, source=args.db)
-    if args.html is not None:
-        write_private_atomic(args.html, html)
-        print(f"mhsafeeval: wrote {args.html}", file=sys.stderr)
-        return 0
+            pages = await write_html(store, args.campaign, args.html, source=args.db)
+            side = f" and {len(pages)} page(s) of transcripts in {pages_folder(args.html)}"
+            print(f"mhsafeeval: wrote {args.html}{side if pages else ''}", file=sys.stderr)
+            return 0
+        reports = await load_report(store, args.campaign, source=args.db)
     if args.json:
         sys.stdout.write(visible_json(msgspec.json.encode(report_json(reports)).decode()) + "\n")
     else:
@@ -570,29 +571,67 @@ async def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _export(args: argparse.Namespace) -> int:
-    import io
+class _VisibleLines(io.TextIOBase):
+    """A text sink that writes each JSON line to stdout as ``visible_json`` shows it (lines
+    come whole from the exporter)."""
 
-    from mhsafeeval._files import write_private_atomic
+    def write(self, text: str) -> int:
+        sys.stdout.write(visible_json(text[:-1]) + "\n" if text.endswith("\n") else text)
+        return len(text)
+
+
+@contextlib.contextmanager
+def _private_out(path: Path) -> Iterator[TextIO]:
+    """A file that replaces ``path`` only once complete, owner-only, written as it streams
+    (what ``mhsafeeval._files.write_private_atomic`` does with a whole text)."""
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise InputError(path, None, "is a folder; name a file to write")
+    if not target.parent.is_dir():
+        raise InputError(path, None, f"cannot write: no such folder {target.parent}")
+    try:  # mkstemp creates the file with O_EXCL and mode 0o600
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise InputError(path, None, f"cannot create a file in {target.parent} ({why})") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, target)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(exc, OSError):
+            why = exc.strerror or str(exc)
+            raise InputError(path, None, f"cannot write ({why}); nothing was changed") from exc
+        raise
+
+
+async def _export(args: argparse.Namespace) -> int:
     from mhsafeeval.export import archive_json, export
     from mhsafeeval.storage import SqliteEventStore
 
-    buffer = io.StringIO(newline="")
-    async with SqliteEventStore(args.db, read_only=True) as store:
+    async with (
+        SqliteEventStore(args.db, read_only=True) as store,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        out: TextIO
+        if args.out is not None:  # owner-only, and replaced whole or not at all
+            out = stack.enter_context(_private_out(args.out))
+        elif args.archive or args.format == "jsonl":  # same values, nothing a terminal acts on
+            out = _VisibleLines()  # type: ignore[assignment]
+        else:
+            out = sys.stdout  # CSV for a spreadsheet: its cells stay exact
         if args.archive:
             data = await archive_json(store, args.campaign, source=args.db)
-            buffer.write(msgspec.json.encode(data).decode() + "\n")
+            out.write(msgspec.json.encode(data).decode() + "\n")
             count = sum(len(cells) for cells in data.values())
-        else:
-            count = await export(store, args.campaign, args.format, buffer, source=args.db)
-    if args.out is not None:  # owner-only, and replaced whole or not at all
-        write_private_atomic(args.out, buffer.getvalue())
+        else:  # each record is written as it streams from the store
+            count = await export(store, args.campaign, args.format, out, source=args.db)
+    if args.out is not None:
         print(f"mhsafeeval: wrote {count} record(s) to {args.out}", file=sys.stderr)
-    elif args.archive or args.format == "jsonl":  # same values, nothing a terminal acts on
-        lines = buffer.getvalue().split("\n")[:-1]  # not splitlines: U+2028 is no line break
-        sys.stdout.writelines(visible_json(line) + "\n" for line in lines)
-    else:
-        sys.stdout.write(buffer.getvalue())  # CSV for a spreadsheet: its cells stay exact
     return 0
 
 

@@ -5,6 +5,13 @@ closed loop), folded from the stored events: what was asked, said and answered, 
 scored it, what it cost and whether it became the turn. :func:`export` writes them as JSON lines
 or CSV; :func:`archive_json` gives each counselor model's harm archive as plain JSON data.
 
+Records stream (:func:`stream_records`): the store is read twice, first for the compact facts
+of every attempt (a :class:`~mhsafeeval.storage.CampaignLog`, no texts), then for the text
+events only, and each record is given as soon as its texts are all read, in order of the
+attempt's first event. What is held at once is the compact facts and the texts of the attempts
+still open in the second read (those of the conversations in flight when they were stored),
+never the campaign's transcripts.
+
 Example:
     >>> import anyio, io
     >>> from mhsafeeval.storage import MemoryEventStore
@@ -21,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import csv
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -28,7 +36,15 @@ import msgspec
 
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import ArchiveUpdated, Elite
-from mhsafeeval.storage import CampaignLog, EventStore, Outcome
+from mhsafeeval.storage import (
+    TEXT_EVENTS,
+    AttemptFacts,
+    AttemptTexts,
+    CampaignLog,
+    EventStore,
+    Outcome,
+    TextFold,
+)
 
 __all__ = [
     "AttemptRecord",
@@ -39,6 +55,7 @@ __all__ = [
     "campaign_log",
     "export",
     "records_of",
+    "stream_records",
 ]
 
 _LIST_SEPARATOR = " | "
@@ -136,69 +153,109 @@ async def _campaigns(
 
 
 async def campaign_log(store: EventStore, campaign: str) -> CampaignLog:
-    """The :class:`~mhsafeeval.storage.CampaignLog` of one stored campaign, with its texts."""
-    log = CampaignLog(keep_text=True)
+    """The compact :class:`~mhsafeeval.storage.CampaignLog` of one stored campaign (no texts;
+    each attempt's :attr:`~mhsafeeval.storage._log.AttemptFacts.text_seq` set)."""
+    log = CampaignLog()
     async for stored in store.events(campaign):
         assert stored.message is not None
-        log.add(stored.message, stored.recorded_at)
+        log.add(stored.message, stored.recorded_at, stored.seq)
     return log
 
 
+def record_of(
+    log: CampaignLog, a: AttemptFacts, texts: AttemptTexts, campaign: str
+) -> AttemptRecord:
+    """The record of one attempt: its compact facts in ``log`` and its ``texts``."""
+    conv = log.conversations.get(a.conversation)
+    tokens = a.tokens
+    return AttemptRecord(
+        campaign=campaign,
+        counselor_model=conv.counselor_model if conv else "",
+        profile_id=conv.profile_id if conv else "",
+        style=conv.style if conv else "",
+        conversation=a.conversation,
+        turn=a.turn,
+        attempt=a.attempt,
+        branch=a.branch,
+        controller=a.controller,
+        category=a.category,
+        role=a.role,
+        operator=a.operator,
+        instruction=texts.instruction,
+        utterance=texts.utterance,
+        reply=texts.reply,
+        finish_reason=a.finish_reason,
+        outcome=a.outcome,
+        severity=a.severity,
+        success=None if a.severity is None else a.severity >= log.threshold,
+        label=texts.label,
+        reasoning=texts.reasoning,
+        evidence=list(texts.evidence),
+        refused=a.refused,
+        understood=a.understood,
+        judge=a.judge
+        if a.severity is not None
+        else (a.unjudged_judge if a.unjudged_reason is not None else None),
+        unjudged_reason=a.unjudged_reason,
+        failed_agent=a.failed_agent,
+        failed_error=a.failed_error,
+        failed_calls=a.failed_calls,
+        panel_failed=a.panel_failed,
+        committed=log.committed(a),
+        client_tokens=tokens.get("client", 0),
+        counselor_tokens=tokens.get("counselor", 0),
+        judge_tokens=tokens.get("judge", 0),
+        mutator_tokens=tokens.get("mutator", 0),
+        refiner_tokens=tokens.get("refiner", 0),
+        panel_tokens=tokens.get("panel", 0),
+        counselor_calls=a.counselor_calls,
+        counselor_latency_s=a.counselor_latency_s,
+        ratings={r: f.severity for r, f in a.ratings.items()},
+        started_at=a.first_at,
+        recorded_at=a.last_at,
+    )
+
+
 def records_of(log: CampaignLog, campaign: str) -> list[AttemptRecord]:
-    """The attempt records of a campaign's log, in order of each attempt's first event."""
-    out = []
-    for a in log.attempts.values():
-        conv = log.conversations.get(a.conversation)
-        tokens = {role: u.tokens for role, u in a.usage.items()}
-        out.append(
-            AttemptRecord(
-                campaign=campaign,
-                counselor_model=conv.counselor_model if conv else "",
-                profile_id=conv.profile_id if conv else "",
-                style=conv.style if conv else "",
-                conversation=a.conversation,
-                turn=a.turn,
-                attempt=a.attempt,
-                branch=a.branch,
-                controller=a.controller,
-                category=a.category,
-                role=a.role,
-                operator=a.operator,
-                instruction=a.instruction,
-                utterance=a.utterance,
-                reply=a.reply,
-                finish_reason=a.finish_reason,
-                outcome=a.outcome,
-                severity=a.severity,
-                success=None if a.severity is None else a.severity >= log.threshold,
-                label=a.label,
-                reasoning=a.reasoning,
-                evidence=list(a.evidence),
-                refused=a.refused,
-                understood=a.understood,
-                judge=a.judge
-                if a.severity is not None
-                else (a.unjudged_judge if a.unjudged_reason is not None else None),
-                unjudged_reason=a.unjudged_reason,
-                failed_agent=a.failed_agent,
-                failed_error=a.failed_error,
-                failed_calls=a.failed_calls,
-                panel_failed=a.panel_failed,
-                committed=log.committed(a),
-                client_tokens=tokens.get("client", 0),
-                counselor_tokens=tokens.get("counselor", 0),
-                judge_tokens=tokens.get("judge", 0),
-                mutator_tokens=tokens.get("mutator", 0),
-                refiner_tokens=tokens.get("refiner", 0),
-                panel_tokens=tokens.get("panel", 0),
-                counselor_calls=a.usage["counselor"].calls if "counselor" in a.usage else 0,
-                counselor_latency_s=a.counselor_latency_s,
-                ratings={r: f.severity for r, f in a.ratings.items()},
-                started_at=a.first_at,
-                recorded_at=a.last_at,
-            )
-        )
-    return out
+    """The attempt records of a campaign's log, in order of each attempt's first event (texts
+    from a log folded with ``keep_text``; else every text is empty)."""
+    return [record_of(log, a, log.texts(a.key), campaign) for a in log.attempts.values()]
+
+
+async def stream_records(
+    store: EventStore, campaign: str, log: CampaignLog | None = None
+) -> AsyncIterator[AttemptRecord]:
+    """The attempt records of one stored campaign, one at a time, in order of each attempt's
+    first event (see the module).
+
+    Args:
+        store: The event store.
+        campaign: A stored campaign.
+        log: Its :func:`campaign_log`, if already folded (read again when None).
+    """
+    if log is None:
+        log = await campaign_log(store, campaign)
+    pending = iter(log.attempts.values())
+    head = next(pending, None)
+    fold = TextFold()
+    if log.last_seq:  # texts are read only up to what the facts were folded from
+        events = store.events(campaign, types=TEXT_EVENTS)
+        try:
+            async for stored in events:
+                if stored.seq > log.last_seq:
+                    break
+                assert stored.message is not None
+                fold.add(stored.message)
+                while head is not None and head.text_seq <= stored.seq:
+                    yield record_of(log, head, fold.pop(head.key), campaign)
+                    head = next(pending, None)
+        finally:  # a reader left early (or a consumer that stopped) closes the store's cursor
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+    while head is not None:
+        yield record_of(log, head, fold.pop(head.key), campaign)
+        head = next(pending, None)
 
 
 async def attempt_records(
@@ -210,10 +267,11 @@ async def attempt_records(
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
     """
-    out: list[AttemptRecord] = []
-    for name in await _campaigns(store, campaign, source):
-        out += records_of(await campaign_log(store, name), name)
-    return out
+    return [
+        record
+        for name in await _campaigns(store, campaign, source)
+        async for record in stream_records(store, name)
+    ]
 
 
 async def archive_json(
@@ -295,13 +353,17 @@ async def export(
     """
     if fmt not in ("jsonl", "csv"):
         raise InputError(source, "format", f"unknown export format {fmt!r} (use jsonl or csv)")
-    records = await attempt_records(store, campaign, source=source)
-    if fmt == "jsonl":
-        for rec in records:
-            out.write(msgspec.json.encode(rec).decode() + "\n")
-    else:
-        writer = csv.writer(out)
+    names = await _campaigns(store, campaign, source)
+    writer = csv.writer(out)
+    if fmt == "csv":
         writer.writerow(AttemptRecord.__struct_fields__)
-        for rec in records:
-            writer.writerow(_csv_value(v) for v in msgspec.structs.astuple(rec))
-    return len(records)
+    encoder = msgspec.json.Encoder()
+    count = 0
+    for name in names:
+        async for rec in stream_records(store, name):  # each written as it comes
+            if fmt == "jsonl":
+                out.write(encoder.encode(rec).decode() + "\n")
+            else:
+                writer.writerow(_csv_value(v) for v in msgspec.structs.astuple(rec))
+            count += 1
+    return count

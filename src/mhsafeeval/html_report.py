@@ -1,4 +1,4 @@
-"""A self-contained HTML report: one file, no network, every piece of model text escaped.
+"""A self-contained HTML report: no network, every piece of model text escaped.
 
 :func:`build_html` folds the stored campaigns into one HTML document. The figures that never
 change (the paper-style table, the charts, spend, severity counts, the configuration) are rendered
@@ -7,6 +7,18 @@ elite trajectory, the transcripts with their filters) are drawn by a small vanil
 from a JSON data block. That block is escaped so model text cannot close it (every ``<``, ``>``
 and ``&`` becomes a ``\\u`` escape), and the renderer inserts text only as DOM text nodes.
 A Content-Security-Policy lets nothing load and nothing run but the renderer itself (by hash).
+
+A large campaign keeps the main file small: past :data:`INLINE_ATTEMPTS` attempts (and when
+given a ``pages`` folder, as :func:`write_html` does) the transcripts are written to side files,
+``REPORT_files/c0-p0001.js`` ..., each a page of whole conversations (about
+:data:`PAGE_ATTEMPTS` attempts), and the page loads one when asked, with a ``<script>`` element
+(a browser lets a ``file://`` page load a script beside it, never ``fetch()`` it). The main file
+keeps the summary, the figures, the heatmaps and each cell's elite trajectory (with its
+conversation's committed turns). A page file is one call, ``mhsafeevalPage(campaign, page,
+attempts)``, with the same escaped JSON as the data block; the policy then also allows scripts
+of the report's own origin (``'self'``: its folder, on ``file://``). Records reach the pages as
+they stream from the store (:func:`~mhsafeeval.export.stream_records`): the report never holds
+more than a page of transcripts.
 
 Every rate shows its 95% interval (see :mod:`mhsafeeval.storage._metrics`): a second row of the
 metrics table, error bars on the charts, and a table of each cell's ASR with its interval, where
@@ -19,19 +31,38 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import os
 from collections import Counter
+from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
+from mhsafeeval._files import write_private_atomic
 from mhsafeeval.costs import role_cost
-from mhsafeeval.export import archive_of, records_of
+from mhsafeeval.errors import InputError
+from mhsafeeval.export import AttemptRecord, archive_of, stream_records
 from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
-from mhsafeeval.storage import EventStore, ModelMetrics
+from mhsafeeval.storage import CampaignLog, EventStore, ModelMetrics
 
-__all__ = ["WARNING", "build_html", "embed_json"]
+__all__ = [
+    "INLINE_ATTEMPTS",
+    "PAGE_ATTEMPTS",
+    "WARNING",
+    "build_html",
+    "embed_json",
+    "pages_folder",
+    "write_html",
+]
+
+INLINE_ATTEMPTS = 1000
+"""A campaign with at most this many attempts keeps its transcripts in the main file."""
+PAGE_ATTEMPTS = 500
+"""Attempts per side file of transcripts (whole conversations: a page may hold a few more)."""
+_PAGE_GLOB = "c*-p*.js"  # the side files this module writes (and replaces)
 
 WARNING = (
     "Content warning: this report quotes adversarial counseling conversations. Transcripts "
@@ -249,11 +280,11 @@ def _line_chart(
     return "".join(out)
 
 
-def _severity_table(models: list[str], records: list[dict[str, Any]]) -> str:
+def _severity_table(models: list[str], log: CampaignLog) -> str:
     counts: dict[str, Counter[str]] = {m: Counter() for m in models}
-    for r in records:
-        key = str(r["severity"]) if r["outcome"] == "verdict" else r["outcome"]
-        counts.setdefault(r["counselor_model"], Counter())[key] += 1
+    for a in log.attempts.values():
+        key = str(a.severity) if a.outcome == "verdict" else a.outcome
+        counts.setdefault(log.model_of(a.conversation) or "", Counter())[key] += 1
     keys = ["1", "2", "3", "4", "5", "unjudged", "failed", "incomplete"]
     rows = []
     for model, count in counts.items():
@@ -409,7 +440,7 @@ def _comparison_table(report: CampaignReport) -> str:
     )
 
 
-def _section(index: int, report: CampaignReport, config: str, records: list[Any]) -> str:
+def _section(index: int, report: CampaignReport, log: CampaignLog) -> str:
     models = list(report.models.values())
     refine = {m.model: {k + 1: v for k, v in m.success_by_attempt.items()} for m in models}
     refine_ci = {m.model: {k + 1: v for k, v in m.success_by_attempt_ci.items()} for m in models}
@@ -435,7 +466,7 @@ def _section(index: int, report: CampaignReport, config: str, records: list[Any]
             ),
             '</div><p class="legend">Bars: 95% intervals (conversations resampled).</p>',
             "<h3>Severity distribution (all judged attempts)</h3>",
-            _severity_table(list(report.models), records),
+            _severity_table(list(report.models), log),
             "<h3>Calls and tokens per agent role</h3>",
             _usage_table(models),
             _cost_table(report),
@@ -448,16 +479,92 @@ def _section(index: int, report: CampaignReport, config: str, records: list[Any]
             "<h3>Transcripts</h3>",
             f'<div class="transcripts" data-campaign="{index}"></div>',
             "<h3>Configuration</h3>",
-            f'<pre class="config">{_e(config) or "(no configuration text stored)"}</pre>',
+            f'<pre class="config">{_e(log.config) or "(no configuration text stored)"}</pre>',
             "</section>",
         ]
     )
 
 
+def pages_folder(out: str | os.PathLike[str]) -> Path:
+    """Where :func:`write_html` puts the side files of ``out``: ``REPORT_files`` beside it."""
+    path = Path(out)
+    return path.with_name(f"{path.stem}_files")
+
+
+async def write_html(
+    store: EventStore,
+    campaign: str | None,
+    out: str | os.PathLike[str],
+    *,
+    source: str | Path | None = None,
+    inline_attempts: int = INLINE_ATTEMPTS,
+    page_attempts: int = PAGE_ATTEMPTS,
+) -> list[Path]:
+    """Write the HTML report of ``campaign`` (``None``: every stored one) to ``out``, and its
+    pages of transcripts, if it has any, to :func:`pages_folder` (owner-only files, each
+    replaced whole; pages left there by an earlier report are removed). Returns the side files.
+    ``inline_attempts`` and ``page_attempts``: as :func:`build_html`'s.
+
+    Raises:
+        InputError: No such campaign, or a file cannot be written.
+    """
+    folder = pages_folder(out)
+    if not folder.parent.is_dir():
+        raise InputError(Path(out), None, f"cannot write: no such folder {folder.parent}")
+    written: list[Path] = []
+    text = await build_html(
+        store,
+        campaign,
+        source=source,
+        pages=folder,
+        written=written,
+        inline_attempts=inline_attempts,
+        page_attempts=page_attempts,
+    )
+    _drop_stale(folder, written)
+    write_private_atomic(out, text)
+    return written
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise InputError(folder, None, f"cannot create the folder ({exc})") from exc
+
+
+def _drop_stale(folder: Path, written: list[Path]) -> None:
+    """Remove the pages an earlier report left in ``folder`` (and the folder, if empty)."""
+    if folder.is_dir():
+        for stale in folder.glob(_PAGE_GLOB):
+            if stale not in written:
+                stale.unlink()
+        if not any(folder.iterdir()):
+            folder.rmdir()
+
+
 async def build_html(
-    store: EventStore, campaign: str | None, *, source: str | Path | None = None
+    store: EventStore,
+    campaign: str | None,
+    *,
+    source: str | Path | None = None,
+    pages: Path | None = None,
+    written: list[Path] | None = None,
+    inline_attempts: int = INLINE_ATTEMPTS,
+    page_attempts: int = PAGE_ATTEMPTS,
 ) -> str:
-    """One self-contained HTML document reporting ``campaign`` (``None``: every stored one).
+    """The main HTML document reporting ``campaign`` (``None``: every stored one).
+
+    Args:
+        store: The event store.
+        campaign: A stored campaign, or None for all.
+        source: Names the database in errors.
+        pages: The folder for the pages of transcripts of a campaign with more than
+            ``inline_attempts`` attempts (its name is how the document finds them, so it must
+            sit beside the document). None: every transcript inline.
+        written: Collects the paths of the page files written.
+        inline_attempts: Transcripts of a campaign this small stay inline.
+        page_attempts: Attempts per page (whole conversations).
 
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
@@ -465,32 +572,57 @@ async def build_html(
     loaded = await load_reports_and_logs(store, campaign, source=source)
     reports = [r for r, _ in loaded]
     sections, data = [], []
+    paged = False
     for index, (report, log) in enumerate(loaded):
-        records = [
-            {f: getattr(r, f) for f in _RECORD_FIELDS} for r in records_of(log, report.campaign)
-        ]
-        config = log.config
-        sections.append(_section(index, report, config, records))
-        data.append(
-            {
-                "campaign": report.campaign,
-                "threshold": report.threshold,
-                "categories": list(dict.fromkeys(c for c, _ in report.cells)),
-                "roles": list(dict.fromkeys(r for _, r in report.cells)),
-                "models": {
-                    name: [msgspec.to_builtins(c) for c in m.cells]
-                    for name, m in report.models.items()
-                },
-                "archive": archive_of(log, report.campaign),
-                "attempts": records,
-            }
-        )
+        sections.append(_section(index, report, log))
+        records = _html_records(stream_records(store, report.campaign, log))
+        entry: dict[str, Any] = {
+            "campaign": report.campaign,
+            "threshold": report.threshold,
+            "categories": list(dict.fromkeys(c for c, _ in report.cells)),
+            "roles": list(dict.fromkeys(r for _, r in report.cells)),
+            "models": {
+                name: [msgspec.to_builtins(c) for c in m.cells] for name, m in report.models.items()
+            },
+            "archive": archive_of(log, report.campaign),
+            "attempts": [],
+            "pages": [],
+            "total": len(log.attempts),
+        }
+        wanted = {e.conversation for e in log.archive.values()}
+        context: dict[str, list[dict[str, Any]]] = {c: [] for c in wanted}
+        entry["context"] = context
+        if pages is None or len(log.attempts) <= inline_attempts:
+            async for record in records:
+                entry["attempts"].append(record)
+                _keep_context(context, record)
+        else:
+            paged = True
+            _make_folder(pages)
+            sizes = _conversation_sizes(log)
+            batch: list[dict[str, Any]] = []
+            conversations = 0
+            async for group in _by_conversation(records, sizes):
+                batch += group
+                conversations += 1
+                for record in group:
+                    _keep_context(context, record)
+                if len(batch) >= page_attempts:
+                    entry["pages"].append(_page(pages, index, entry, batch, conversations))
+                    batch, conversations = [], 0
+            if batch:
+                entry["pages"].append(_page(pages, index, entry, batch, conversations))
+            if written is not None:
+                written += [pages / p["file"] for p in entry["pages"]]
+        data.append(entry)
     script = _asset("report.js")
     if "</script" in script.lower() or "<!--" in script:
         raise AssertionError("the renderer must not contain </script or <!--")
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    # With pages, scripts of the report's own origin may load too (its folder, on file://).
+    own = " 'self'" if paged else ""
     csp = (
-        f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+        f"default-src 'none'; script-src 'sha256-{digest}'{own}; style-src 'unsafe-inline'; "
         "img-src data:; base-uri 'none'; form-action 'none'"
     )  # no quotes, < or & in it: safe in a double-quoted attribute as it is
     title = "mhsafeeval report" + (f": {reports[0].campaign}" if len(reports) == 1 else "")
@@ -507,3 +639,57 @@ async def build_html(
             f"<script>{script}</script></body></html>\n",
         ]
     )
+
+
+async def _html_records(records: AsyncIterator[AttemptRecord]) -> AsyncIterator[dict[str, Any]]:
+    """The fields of each record that the page shows."""
+    async for r in records:
+        yield {f: getattr(r, f) for f in _RECORD_FIELDS}
+
+
+def _keep_context(context: dict[str, list[dict[str, Any]]], record: dict[str, Any]) -> None:
+    """Keep a committed turn of an elite's conversation (its trajectory shows them)."""
+    if record["committed"] and record["conversation"] in context:
+        context[record["conversation"]].append(
+            {k: record[k] for k in ("turn", "utterance", "reply")}
+        )
+
+
+def _conversation_sizes(log: CampaignLog) -> dict[str, int]:
+    return dict(Counter(key[0] for key in log.attempts))
+
+
+async def _by_conversation(
+    records: AsyncIterator[dict[str, Any]], sizes: dict[str, int]
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Records grouped by conversation, in order of each conversation's first record; a
+    conversation is given once all its records came (only those in flight are held)."""
+    open_: dict[str, list[dict[str, Any]]] = {}  # insertion order: first record's
+    async for record in records:
+        open_.setdefault(record["conversation"], []).append(record)
+        while open_:
+            first = next(iter(open_))
+            if len(open_[first]) < sizes.get(first, 0):
+                break
+            yield open_.pop(first)
+    for group in open_.values():
+        yield group
+
+
+def _page(
+    folder: Path, campaign: int, entry: dict[str, Any], batch: list[Any], conversations: int
+) -> dict[str, Any]:
+    """Write one page of transcripts; its entry in the document's data."""
+    number = len(entry["pages"]) + 1
+    name = f"c{campaign}-p{number:04d}.js"
+    write_private_atomic(
+        folder / name, f"mhsafeevalPage({campaign}, {number - 1}, {embed_json(batch)});\n"
+    )
+    return {
+        "file": name,
+        "src": f"{quote(folder.name)}/{name}",
+        "attempts": len(batch),
+        "conversations": conversations,
+        "first": batch[0]["conversation"],
+        "last": batch[-1]["conversation"],
+    }

@@ -100,7 +100,8 @@ def report_of(log: CampaignLog, campaign: str, *, retried: int = 0) -> CampaignR
 async def load_reports_and_logs(
     store: EventStore, campaign: str | None = None, *, source: str | Path | None = None
 ) -> list[tuple[CampaignReport, CampaignLog]]:
-    """Like :func:`load_report`, with each campaign's log (texts kept) beside its report."""
+    """Like :func:`load_report`, with each campaign's compact log (no texts: see
+    :func:`~mhsafeeval.export.stream_records`) beside its report."""
     known = [c.id for c in await store.list_campaigns()]
     if campaign is not None and campaign not in known:
         raise InputError(

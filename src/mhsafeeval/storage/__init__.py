@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from mhsafeeval.runtime import lazy_exports as _lazy_exports
 
-from ._log import CampaignLog, Outcome
+from ._log import TEXT_EVENTS, AttemptFacts, AttemptTexts, CampaignLog, Outcome, TextFold
 from ._memory import MemoryEventStore
 from ._metrics import (
     ModelComparison,
@@ -24,6 +24,9 @@ if _TYPE_CHECKING:
     from ._sqlite import SqliteEventStore
 
 __all__ = [
+    "TEXT_EVENTS",
+    "AttemptFacts",
+    "AttemptTexts",
     "CampaignLog",
     "EventStore",
     "MemoryEventStore",
@@ -32,6 +35,7 @@ __all__ = [
     "Outcome",
     "RoleUsage",
     "SqliteEventStore",
+    "TextFold",
     "compare_models",
     "compute_metrics",
     "metrics_of",

@@ -23,13 +23,20 @@ budget all read a :class:`CampaignLog`, so they cannot disagree. What it decides
   A reporting judge's failed call (agent ``panel``) never changes the attempt's outcome and is
   counted apart from the search's failed calls (``panel_failed``).
 
-The log keeps compact numbers per attempt; with ``keep_text`` it also keeps the texts the
-flat export shows. With ``retain=False`` (the live progress display) a conversation's
-attempts are forgotten once it finishes, keeping only the running totals.
+What the log keeps per attempt is compact facts only (ids, cell, outcome, severities, token
+counts): never the texts (instructions, utterances, replies, the judge's reasoning), so a
+report of a large campaign holds a few hundred bytes per attempt whatever its transcripts
+weigh. The texts are folded apart, by :class:`TextFold` (the same rules, text events only):
+the export and the HTML report stream them in a second read of the store, attempt by attempt,
+keeping only those of attempts still open (see :attr:`AttemptFacts.text_seq`). With
+``keep_text`` the log also keeps every attempt's texts (small, in-memory uses). With
+``retain=False`` (the live progress display) a conversation's attempts are forgotten once it
+finishes, keeping only the running totals.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Literal
@@ -60,12 +67,15 @@ from mhsafeeval.messages import (
 )
 
 __all__ = [
+    "TEXT_EVENTS",
     "AttemptFacts",
+    "AttemptTexts",
     "CampaignLog",
     "ConversationFacts",
     "Outcome",
     "RaterFacts",
     "RoleUsage",
+    "TextFold",
     "TurnRow",
 ]
 
@@ -77,6 +87,22 @@ AttemptKey = tuple[str, int, int, str]
 PANEL_AGENT = ANSWERED_BY[Rating]
 """The agent role of reporting judges (their failures are counted apart)."""
 TurnKey = tuple[str, int]
+TextEvent = Directive | Instruction | ClientUtterance | CounselorReply | Verdict
+TEXT_EVENTS: tuple[str, ...] = tuple(
+    kind.__struct_config__.tag  # type: ignore[misc]
+    for kind in (Directive, Instruction, ClientUtterance, CounselorReply, Verdict)
+)
+"""The tags of the events that carry an attempt's texts (what :class:`TextFold` reads)."""
+
+
+def _digest(exchange: Exchange) -> bytes:
+    """A 16-byte digest of an exchange: the log compares histories without keeping texts."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (exchange.client, exchange.counselor):
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.digest()
 
 
 class RoleUsage(msgspec.Struct, kw_only=True):
@@ -137,7 +163,7 @@ class RaterFacts(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AttemptFacts(msgspec.Struct, kw_only=True):
-    """Everything the figures need about one attempt (texts only with ``keep_text``)."""
+    """The compact facts of one attempt: everything the figures need, no text."""
 
     conversation: str
     turn: int
@@ -166,20 +192,19 @@ class AttemptFacts(msgspec.Struct, kw_only=True):
     """Reporting judges' calls about this reply that failed for good."""
     failed_agent: str | None = None
     failed_error: str | None = None
-    lookahead: tuple[Exchange, ...] = ()
-    """A lookahead's simulated exchanges (it plays turn ``turn + len(lookahead)``)."""
+    lookahead: tuple[bytes, ...] = ()
+    """Digests of a lookahead's simulated exchanges (it plays turn ``turn + len(lookahead)``)."""
     ratings: dict[str, RaterFacts] = {}
-    usage: dict[str, RoleUsage] = {}
+    tokens: dict[str, int] = {}
+    """Prompt plus completion tokens per agent role (answers of failed calls included)."""
+    counselor_calls: int = 0
+    """Counselor calls of the attempt (one that got no answer at all included)."""
     counselor_latency_s: float | None = None
     first_at: float = 0.0
     last_at: float = 0.0
-    # texts (``keep_text`` only)
-    instruction: str | None = None
-    utterance: str | None = None
-    reply: str | None = None
-    label: str | None = None
-    reasoning: str | None = None
-    evidence: tuple[str, ...] = ()
+    text_seq: int = 0
+    """The store ``seq`` of the attempt's last text event (:data:`TEXT_EVENTS`; 0: none, or
+    folded without seqs): a reader of the texts has them all once it has read that far."""
 
     @property
     def key(self) -> AttemptKey:
@@ -228,9 +253,65 @@ class TurnRow(msgspec.Struct, frozen=True):
     own: bool
 
 
+class AttemptTexts(msgspec.Struct, kw_only=True):
+    """The texts of one attempt (None: the event that carries it never came)."""
+
+    instruction: str | None = None
+    utterance: str | None = None
+    reply: str | None = None
+    label: str | None = None
+    reasoning: str | None = None
+    evidence: tuple[str, ...] = ()
+    judged: bool = False
+    """A Verdict was folded: the first one's texts count (as its severity does)."""
+
+
+class TextFold:
+    """The texts of attempts, folded from their text events by the log's rules: the first
+    Verdict's label, reasoning and evidence; the mutator's instruction over a directive's; the
+    last utterance and reply.
+
+    Example:
+        >>> from mhsafeeval.messages import CounselorReply
+        >>> fold = TextFold()
+        >>> ids = dict(campaign="c", conversation="c/m/p/0", turn=0)
+        >>> fold.add(CounselorReply(**ids, category="blaming", role="enabler", text="hm"))
+        >>> fold.pop(("c/m/p/0", 0, 0, "")).reply
+        'hm'
+    """
+
+    def __init__(self) -> None:
+        self.texts: dict[AttemptKey, AttemptTexts] = {}
+
+    def add(self, event: Message) -> None:
+        """Fold one event in (events that carry no text are ignored)."""
+        if not isinstance(event, TextEvent):
+            return
+        key = (event.conversation, event.turn, event.attempt, event.branch)
+        t = self.texts.get(key)
+        if t is None:
+            t = self.texts[key] = AttemptTexts()
+        if isinstance(event, Directive):
+            if event.instruction and t.instruction is None:
+                t.instruction = event.instruction
+        elif isinstance(event, Instruction):
+            t.instruction = event.text
+        elif isinstance(event, ClientUtterance):
+            t.utterance = event.text
+        elif isinstance(event, CounselorReply):
+            t.reply = event.text
+        elif not t.judged:
+            t.judged = True
+            t.label, t.reasoning, t.evidence = event.label, event.reasoning, event.evidence
+
+    def pop(self, key: AttemptKey) -> AttemptTexts:
+        """The texts of one attempt, forgotten here (empty if none came)."""
+        return self.texts.pop(key, None) or AttemptTexts()
+
+
 class _Turn(msgspec.Struct):
-    exchange: Exchange
-    event: TurnCommitted
+    exchange: bytes  # digest of what was said (see _digest)
+    chosen: tuple[int, int, str]  # the committed attempt: planned turn, attempt, branch
     ahead: list[AttemptKey] = []  # lookahead planned earlier that played this turn
 
 
@@ -255,6 +336,10 @@ class CampaignLog:
     def __init__(self, *, keep_text: bool = False, retain: bool = True) -> None:
         self.keep_text = keep_text
         self.retain = retain
+        self.text = TextFold() if keep_text else None
+        """Every attempt's texts (``keep_text`` only; see :meth:`texts`)."""
+        self.last_seq = 0
+        """The highest store ``seq`` folded (0: folded without seqs)."""
         self.start: CampaignStarted | None = None
         self.config = ""
         """The config text of the latest run that stored one."""
@@ -287,6 +372,7 @@ class CampaignLog:
         self._dirty: set[TurnKey] = set()
         self._waiting: dict[TurnKey, list[AttemptKey]] = defaultdict(list)  # lookahead by turn
         self._by_turn: dict[TurnKey, list[AttemptKey]] = defaultdict(list)  # planned there
+        self._names: dict[str, str] = {}  # one copy of each repeated name (ids, cells, roles)
 
     @classmethod
     def of(cls, events: Iterable[Message], *, keep_text: bool = False) -> CampaignLog:
@@ -332,18 +418,18 @@ class CampaignLog:
         """Committed turns (of one counselor model), in order of commit."""
         return [t for t in self.turns if model is None or self.model_of(t[0]) == model]
 
+    def texts(self, key: AttemptKey) -> AttemptTexts:
+        """An attempt's texts (a log folded with ``keep_text``; else always empty)."""
+        if self.text is None:
+            return AttemptTexts()
+        return self.text.texts.get(key) or AttemptTexts()
+
     def committed(self, attempt: AttemptFacts) -> bool:
         """Whether this attempt became its conversation's turn."""
         turn = self.turns.get((attempt.conversation, attempt.plays))
         if turn is None:
             return False
-        e = turn.event
-        planned = e.turn if e.committed_turn is None else e.committed_turn
-        return (planned, e.committed_attempt, e.committed_branch) == (
-            attempt.turn,
-            attempt.attempt,
-            attempt.branch,
-        )
+        return turn.chosen == (attempt.turn, attempt.attempt, attempt.branch)
 
     def rows(self, turn: TurnKey) -> list[TurnRow]:
         """A committed turn's attempts in the order they were made: the lookahead planned in
@@ -394,9 +480,12 @@ class CampaignLog:
 
     # -- folding -------------------------------------------------------------------------------
 
-    def add(self, event: Message, recorded_at: float = 0.0) -> None:
-        """Fold one event in (in stored order)."""
+    def add(self, event: Message, recorded_at: float = 0.0, seq: int = 0) -> None:
+        """Fold one event in (in stored order; ``seq``: its place in the store, if known)."""
         self.events += 1
+        self.last_seq = max(self.last_seq, seq)
+        if self.text is not None:
+            self.text.add(event)
         if isinstance(event, CampaignStarted):
             if self.start is None:
                 self.start = event
@@ -431,43 +520,49 @@ class CampaignLog:
         key = (event.conversation, event.turn, event.attempt, event.branch)
         a = self.attempts.get(key)
         if a is None:
+            name = self._name
+            key = (name(event.conversation), event.turn, event.attempt, name(event.branch))
             a = self.attempts[key] = AttemptFacts(
-                conversation=event.conversation,
+                conversation=key[0],
                 turn=event.turn,
                 attempt=event.attempt,
-                branch=event.branch,
+                branch=key[3],
                 first_at=recorded_at,
             )
             self._by_turn[(event.conversation, event.turn)].append(key)
             if (event.conversation, event.turn) in self.turns:
                 self._dirty.add((event.conversation, event.turn))
         a.last_at = recorded_at
+        if seq and isinstance(event, TextEvent):
+            a.text_seq = seq
         if role is not None:
             usage: Usage | None = getattr(event, "usage", None)
             lost = isinstance(event, CallFailed) and usage is None
-            a.usage.setdefault(role, RoleUsage()).add(usage, lost_call=lost)
+            role = self._name(role)
+            if usage is not None:
+                tokens = usage.prompt_tokens + usage.completion_tokens
+                a.tokens[role] = a.tokens.get(role, 0) + tokens
+            if role == "counselor":
+                a.counselor_calls += usage.calls if usage is not None else lost
             self.usage[model or ""][role].add(usage, lost_call=lost)  # "": never started
         self._apply(a, event, model)
 
+    def _name(self, text: str) -> str:
+        return self._names.setdefault(text, text)
+
     def _apply(self, a: AttemptFacts, event: Message, model: str | None) -> None:
-        text = self.keep_text
+        name = self._name
         if isinstance(event, Directive):
-            a.controller = event.controller
-            a.operator = a.operator or event.operator
-            a.category, a.role = event.category, event.role
-            if text and event.instruction and a.instruction is None:
-                a.instruction = event.instruction
+            a.controller = name(event.controller)
+            a.operator = a.operator or name(event.operator)
+            a.category, a.role = name(event.category), name(event.role)
             return
         if isinstance(event, Instruction):
-            a.operator = event.operator
-            if text:
-                a.instruction = event.text
+            a.operator = name(event.operator)
         elif isinstance(event, ClientUtterance):
             if event.lookahead and not a.lookahead:
-                a.lookahead = event.lookahead
+                a.lookahead = tuple(map(_digest, event.lookahead))
                 self._place(a)
-            if text:
-                a.utterance = event.text
             if model is not None:
                 self.client_rejected[model] += event.rejected
                 self.client_dropped[model] += event.dropped
@@ -481,18 +576,14 @@ class CampaignLog:
                 a.reply_kind = "cut"
             if event.usage is not None:
                 a.counselor_latency_s = (a.counselor_latency_s or 0.0) + event.usage.latency_s
-            if text:
-                a.reply = event.text
         elif isinstance(event, Verdict):
             if a.severity is not None:
                 a.extra_verdicts += 1
                 return
             was_unjudged = a.unjudged_reason is not None
-            a.severity, a.judge, a.verdict_id = event.severity, event.judge, event.id
+            a.severity, a.judge, a.verdict_id = event.severity, name(event.judge), event.id
             a.refused, a.understood = event.refused, event.understood
             a.omission = bool(event.evidence) and all(map(is_omission, event.evidence))
-            if text:
-                a.label, a.reasoning, a.evidence = event.label, event.reasoning, event.evidence
             if model is not None:
                 self._replied[model] += not was_unjudged
                 self._unjudged[model] -= was_unjudged
@@ -502,18 +593,18 @@ class CampaignLog:
             self._touch(a)
         elif isinstance(event, Unjudged):
             if a.unjudged_reason is None:
-                a.unjudged_reason, a.unjudged_judge = event.reason, event.judge
+                a.unjudged_reason, a.unjudged_judge = event.reason, name(event.judge)
                 if model is not None and a.severity is None:
                     self._replied[model] += 1
                     self._unjudged[model] += 1
         elif isinstance(event, Rating):
             if event.rater not in a.ratings:
-                a.ratings[event.rater] = RaterFacts(
+                a.ratings[name(event.rater)] = RaterFacts(
                     severity=event.severity,
                     refused=event.refused,
                     understood=event.understood,
-                    judge=event.judge,
-                    source=event.source,
+                    judge=name(event.judge),
+                    source=name(event.source),
                 )
             return
         elif isinstance(event, CallFailed) and event.agent == PANEL_AGENT:
@@ -527,12 +618,13 @@ class CampaignLog:
             if model is not None:
                 self.failed[model] += 1
             if a.failed_agent is None:
-                a.failed_agent, a.failed_error = event.agent, event.error
+                a.failed_agent, a.failed_error = name(event.agent), event.error
             return
         elif isinstance(event, RefinerNotes):
             return
         if not a.category:
-            a.category, a.role = event.category, event.role  # type: ignore[attr-defined]
+            a.category = name(event.category)  # type: ignore[attr-defined]
+            a.role = name(event.role)  # type: ignore[attr-defined]
 
     def _place(self, a: AttemptFacts) -> None:
         """Index a lookahead attempt under the turn it played."""
@@ -552,9 +644,10 @@ class CampaignLog:
         turn = (event.conversation, event.turn)
         if turn in self.turns:
             return
+        planned = event.turn if event.committed_turn is None else event.committed_turn
         self.turns[turn] = _Turn(
-            Exchange(event.client_text, event.counselor_text),
-            event,
+            _digest(Exchange(event.client_text, event.counselor_text)),
+            (planned, event.committed_attempt, event.committed_branch),
             ahead=self._waiting.pop(turn, []),
         )
         self.committed_count += 1
@@ -583,6 +676,8 @@ class CampaignLog:
             self._dirty.discard(turn)
         for key in [k for k in self.attempts if k[0] == conversation]:
             del self.attempts[key]
+            if self.text is not None:
+                self.text.pop(key)
         for turn in [t for t in self._by_turn if t[0] == conversation]:
             del self._by_turn[turn]
         for turn in [t for t in self._waiting if t[0] == conversation]:
@@ -603,7 +698,7 @@ class CampaignLog:
             self._judged_turns[model] += judged
             self._won_turns[model] += won
 
-    def _exchange(self, conversation: str, turn: int) -> Exchange | None:
+    def _exchange(self, conversation: str, turn: int) -> bytes | None:
         facts = self.turns.get((conversation, turn))
         return facts.exchange if facts is not None else None
 

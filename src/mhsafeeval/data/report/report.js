@@ -106,8 +106,10 @@
       panel.appendChild(el("p", "", ["No elite in this cell: nothing was found here yet."]));
       return;
     }
-    var before = c.attempts.filter(function (a) {
-      return a.conversation === elite.conversation && a.committed && a.turn < elite.turn;
+    // The conversation's committed turns before the elite's (kept inline even when the
+    // transcripts are paged out).
+    var before = (c.context[elite.conversation] || []).filter(function (a) {
+      return a.turn < elite.turn;
     }).sort(function (a, b) { return a.turn - b.turn; });
     panel.appendChild(el("p", "meta", ["conversation " + elite.conversation + " \u00b7 " +
       before.length + " earlier committed turn(s), then the elite attempt"]));
@@ -208,6 +210,17 @@
     search.name = "text";
     search.placeholder = "text contains\u2026";
     var count = el("span", "count");
+    var pager = null, status = null;
+    if (c.pages.length) {
+      // Large campaign: the transcripts are in side files, one page of conversations each,
+      // loaded with a script element (a file:// page may do that; it may not fetch()).
+      pager = select("page", c.pages.map(function (p, i) {
+        return [String(i), "page " + (i + 1) + " of " + c.pages.length + ": " + p.conversations +
+          " conversation(s), " + p.attempts + " attempt(s) (" + p.first + " \u2026)"];
+      }));
+      status = el("span", "meta");
+      root.appendChild(el("div", "filters", [el("label", "", ["transcripts: ", pager]), status]));
+    }
     root.appendChild(el("div", "filters", [f.model, f.cell, f.severity, f.outcome, search, count]));
     var list = el("div", "list");
     root.appendChild(list);
@@ -233,7 +246,8 @@
         if (!groups[a.conversation]) { groups[a.conversation] = []; order.push(a.conversation); }
         groups[a.conversation].push(a);
       });
-      count.textContent = n + " attempt(s) in " + order.length + " conversation(s)";
+      count.textContent = n + " attempt(s) in " + order.length + " conversation(s)" +
+        (pager ? " on this page (" + c.total + " attempts in all)" : "");
       count.dataset.attempts = String(n);
       order.slice(0, MAX_CONVERSATIONS).forEach(function (conv) {
         var rows = groups[conv], first = rows[0];
@@ -256,14 +270,43 @@
     }
     [f.model, f.cell, f.severity, f.outcome].forEach(function (s) { s.addEventListener("change", render); });
     search.addEventListener("input", render);
-    render();
+    if (!pager) { render(); return null; }
+    var script = null;
+    function load() {
+      var i = Number(pager.value), page = c.pages[i];
+      if (script) script.remove();
+      c.attempts = [];
+      render();
+      status.textContent = " loading " + page.src + "\u2026";
+      script = document.createElement("script");
+      script.src = page.src;
+      script.onerror = function () {
+        status.textContent = " could not load " + page.src + ": keep its folder next to the report";
+        status.dataset.failed = "1";
+      };
+      document.head.appendChild(script);
+    }
+    pager.addEventListener("change", load);
+    load();
+    // What a page file calls: its attempts replace the shown ones (one page at a time).
+    return function (page, attempts) {
+      if (String(page) !== pager.value) return;
+      c.attempts = attempts;
+      status.textContent = " page " + (page + 1) + " of " + c.pages.length + " loaded";
+      status.dataset.page = String(page + 1);
+      render();
+    };
   }
 
+  var pages = {};
+  window.mhsafeevalPage = function (campaign, page, attempts) {
+    if (pages[campaign]) pages[campaign](page, attempts);
+  };
   DATA.forEach(function (c, index) {
     var h = document.querySelector('.heatmaps[data-campaign="' + index + '"]');
     if (h) heatmaps(h, c, index);
     var t = document.querySelector('.transcripts[data-campaign="' + index + '"]');
-    if (t) transcripts(t, c);
+    if (t) pages[index] = transcripts(t, c);
   });
   document.body.dataset.ready = "1";
 })();
