@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import pstats
 import socket
@@ -229,6 +230,7 @@ def run_campaign(
     env = {**os.environ, "BENCH_KEY": "sk-bench-not-a-key"}
     started = time.time()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    cpu_first, cpu_finish = watch(proc, db)
     _, status, usage = os.wait4(proc.pid, 0)
     ended = time.time()
     if os.waitstatus_to_exitcode(status) != 0:
@@ -249,6 +251,7 @@ def run_campaign(
         "stored_calls": sum(calls.values()),
         "chain": max(calls.values(), default=0),
         "cpu_s": usage.ru_utime + usage.ru_stime,
+        "run_cpu_s": cpu_finish - cpu_first,
         "wall_s": ended - started,
         "run_s": last - first,
         "startup_s": first - started,
@@ -258,6 +261,38 @@ def run_campaign(
         "profile": prof if profile else None,
     }
     return out
+
+
+_FINISHED = "SELECT 1 FROM events WHERE type = 'campaign.finished' LIMIT 1"
+
+
+def watch(proc: subprocess.Popen[bytes], db: Path) -> tuple[float, float]:
+    """The campaign process's CPU seconds when its first event was stored and when its
+    ``campaign.finished`` event was (polled every 50 ms: the run phase, without start-up,
+    the final report and exit)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    first = finish = None
+    while proc.poll() is None:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+            cpu = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        except (OSError, IndexError, ValueError):
+            break
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+                started = con.execute("SELECT 1 FROM events LIMIT 1").fetchone() is not None
+                done = con.execute(_FINISHED).fetchone() is not None
+        except sqlite3.Error:
+            started = done = False
+        if started and first is None:
+            first = cpu
+        if done:
+            finish = cpu
+            break
+        time.sleep(0.05)
+    if first is None or finish is None:
+        return (math.nan, math.nan)
+    return (first, finish)
 
 
 def where_cpu_goes(prof: Path, top: int = 12) -> list[str]:
@@ -347,8 +382,10 @@ def report(
         f"{rate * latency / c:.2f} x C / latency (target >= 0.9)"
     )
     print(
-        f"  CPU per call: {1000 * big['cpu_s'] / calls:.2f} ms whole process, "
-        f"{1000 * marginal:.2f} ms marginal (vs {small['calls']} calls at {c} conversations)"
+        f"  CPU per call: {1000 * big['run_cpu_s'] / calls:.2f} ms from the first event to the "
+        f"last (target <= 1.5 for openai/ at C = 64); {1000 * big['cpu_s'] / calls:.2f} ms "
+        f"for the whole process, {1000 * marginal:.2f} ms marginal to a run of "
+        f"{small['calls']} calls (start-up, the final report and exit included)"
     )
     print(
         f"  in flight at the server: max {big['max_in_flight']}, mean {big['mean_in_flight']:.1f}"

@@ -23,6 +23,7 @@ from mhsafeeval.stats import (
     bootstrap_statistic,
     cluster_bootstrap,
     cluster_bootstrap_tables,
+    cluster_bootstraps,
     coincidence_table,
     confusion_matrix,
     kappa_from_table,
@@ -675,3 +676,27 @@ def test_the_counted_cluster_bootstrap_draws_exactly_the_plain_resamples() -> No
     # Fractional counts take the general path and still work.
     low, high = cluster_bootstrap([(0.5, 1.0), (1.5, 2.0), (0.0, 1.0)], resamples=200)
     assert 0.0 <= low <= high <= 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 4), st.integers(0, 4)).map(lambda p: (min(p), max(p))),
+            min_size=0,
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(0, 3),
+)
+def test_cluster_bootstraps_equal_one_bootstrap_at_a_time(
+    many: list[list[tuple[int, int]]], seed: int
+) -> None:
+    """Rates over as many clusters share their draws and still get exactly their own
+    intervals (same resamples), edge cases (no clusters, one, zero denominators) included."""
+    lists = [[(float(n), float(d)) for n, d in clusters] for clusters in many]
+    lists.append([(0.5, 1.0), (1.0, 2.0)])  # real-valued: the general path
+    together = cluster_bootstraps(lists, resamples=150, seed=seed)
+    assert together == [cluster_bootstrap(c, resamples=150, seed=seed) for c in lists]

@@ -42,6 +42,7 @@ __all__ = [
     "bootstrap_statistic",
     "cluster_bootstrap",
     "cluster_bootstrap_tables",
+    "cluster_bootstraps",
     "coincidence_table",
     "confusion_matrix",
     "kappa_from_table",
@@ -400,6 +401,73 @@ def cluster_bootstrap(
         )
     # Every resample skipped (vanishingly rare): as little information as no clusters.
     return (0.0, 1.0) if math.isnan(interval[0]) else interval
+
+
+def cluster_bootstraps(
+    many: Sequence[Sequence[tuple[float, float]]],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    confidence: float = CONFIDENCE,
+) -> list[tuple[float, float]]:
+    """:func:`cluster_bootstrap` of each cluster list in ``many``, equal to calling it on each
+    in turn, in a fraction of the time when several lists have as many clusters.
+
+    A resample draws cluster *positions* (``floor(random() * n)``) from ``random.Random(seed)``:
+    the draws depend on ``n``, ``resamples`` and ``seed`` only, never on the values. So rates
+    over the same number of clusters (a report's campaign-wide rates, all over one model's
+    conversations) share one set of draws: their clusters are packed side by side into one
+    integer per position and each resample is one sum, unpacked into every rate's.
+
+    Example:
+        >>> a = [(0, 3), (2, 2), (1, 4), (0, 1)]
+        >>> b = [(1, 1), (0, 2), (3, 3), (1, 2)]
+        >>> cluster_bootstraps([a, b, [(3, 4)]], resamples=300) == [
+        ...     cluster_bootstrap(a, resamples=300),
+        ...     cluster_bootstrap(b, resamples=300),
+        ...     cluster_bootstrap([(3, 4)], resamples=300),
+        ... ]
+        True
+    """
+    _check_resamples(resamples)
+    _check_confidence(confidence)
+    out: list[tuple[float, float] | None] = [None] * len(many)
+    groups: dict[int, list[int]] = {}
+    for i, clusters in enumerate(many):
+        _check_clusters(clusters)
+        counted = all(
+            n >= 0 and float(n).is_integer() and float(d).is_integer() for n, d in clusters
+        )
+        if len(clusters) > 1 and counted and not math.isnan(_ratio_of_sums(clusters)):
+            groups.setdefault(len(clusters), []).append(i)
+        else:  # the edge cases and real-valued clusters: one at a time
+            out[i] = cluster_bootstrap(
+                clusters, resamples=resamples, seed=seed, confidence=confidence
+            )
+    for size, members in groups.items():
+        counts = [[(int(n), int(d)) for n, d in many[i]] for i in members]
+        largest = max(1, *(max(n, d) for pairs in counts for n, d in pairs))
+        width = (size * largest).bit_length() + 1
+        mask = (1 << width) - 1
+        packed = [0] * size
+        for pairs in reversed(counts):  # rate j's (numerator, denominator) in fields 2j+1, 2j
+            packed = [
+                (p << (2 * width)) | (n << width) | d
+                for p, (n, d) in zip(packed, pairs, strict=True)
+            ]
+        rng = random.Random(seed)
+        estimates: list[list[float]] = [[] for _ in members]
+        for _ in range(resamples):
+            total = sum(rng.choices(packed, k=size))
+            for found in estimates:
+                denominator = total & mask
+                if denominator:
+                    found.append(((total >> width) & mask) / denominator)
+                total >>= 2 * width
+        for i, found in zip(members, estimates, strict=True):
+            interval = _percentile_interval(found, confidence)
+            out[i] = (0.0, 1.0) if math.isnan(interval[0]) else interval
+    return [interval for interval in out if interval is not None]
 
 
 def _counted_bootstrap(

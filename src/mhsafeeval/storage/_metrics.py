@@ -64,6 +64,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from itertools import combinations
 
 import msgspec
@@ -75,6 +76,7 @@ from mhsafeeval.stats import (
     alpha_from_coincidences,
     cluster_bootstrap,
     cluster_bootstrap_tables,
+    cluster_bootstraps,
     coincidence_table,
     kappa_from_table,
     krippendorff_alpha,
@@ -280,9 +282,45 @@ def _rate_ci(units: Iterable[tuple[str, bool]]) -> tuple[float | None, Interval 
     if not total:
         return None, None
     pairs = [(float(h), float(n)) for h, n in clusters.values()]
-    low, high = cluster_bootstrap(pairs, resamples=RESAMPLES, seed=SEED)
+    batch = _BATCH.get()
+    if batch is None:
+        low, high = cluster_bootstrap(pairs, resamples=RESAMPLES, seed=SEED)
+    elif batch.results is None:  # the first pass: asked for, computed with the others
+        batch.asked.append(pairs)
+        return hits / total, None
+    else:
+        low, high = batch.next(len(pairs))
     w_low, w_high = wilson_interval(hits, total)
     return hits / total, (min(low, w_low), max(high, w_high))
+
+
+class _Intervals:
+    """The bootstrap intervals of one :func:`metrics_of`, computed together (see there)."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[tuple[float, float]]] = []
+        self.results: list[tuple[float, float]] | None = None
+        self._given = 0
+
+    def compute(self) -> None:
+        self.results = cluster_bootstraps(self.asked, resamples=RESAMPLES, seed=SEED)
+
+    def next(self, clusters: int) -> tuple[float, float]:
+        """The interval of the next rate asked for, in the order of the first pass."""
+        assert self.results is not None
+        if self._given >= len(self.asked) or len(self.asked[self._given]) != clusters:
+            raise RuntimeError("metrics_of asked for other rates in its second pass")
+        self._given += 1
+        return self.results[self._given - 1]
+
+
+_BATCH: ContextVar[_Intervals | None] = ContextVar("mhsafeeval_metrics_intervals", default=None)
+
+
+def _first_pass() -> bool:
+    """Whether this is :func:`metrics_of`'s first pass (no interval is needed yet)."""
+    batch = _BATCH.get()
+    return batch is not None and batch.results is None
 
 
 def panel_vote(ratings: Sequence[RaterFacts]) -> RaterFacts | None:
@@ -318,8 +356,23 @@ def compute_metrics(
 def metrics_of(
     log: CampaignLog, cells: Sequence[tuple[str, str]], *, threshold: int
 ) -> dict[str, ModelMetrics]:
-    """Metrics per counselor model from a campaign's :class:`CampaignLog`."""
-    return {model: _model_metrics(log, model, cells, threshold) for model in log.models()}
+    """Metrics per counselor model from a campaign's :class:`CampaignLog`.
+
+    The rates' bootstrap intervals are what takes the time, and rates over as many
+    conversations share their random draws (:func:`mhsafeeval.stats.cluster_bootstraps`): so
+    the metrics are computed twice, first only to learn which rates are asked for, then, with
+    all of their intervals computed together, for real. Both passes ask for the same rates in
+    the same order (checked); the figures equal those of one rate at a time.
+    """
+    batch = _Intervals()
+    token = _BATCH.set(batch)
+    try:
+        for model in log.models():
+            _model_metrics(log, model, cells, threshold)
+        batch.compute()
+        return {model: _model_metrics(log, model, cells, threshold) for model in log.models()}
+    finally:
+        _BATCH.reset(token)
 
 
 def _model_metrics(
@@ -557,6 +610,8 @@ def _kappa(units: Sequence[tuple[str, tuple[int, int]]]) -> tuple[float | None, 
         groups.setdefault(conversation, []).append(pair)
     tables = [pair_table([a for a, _ in g], [b for _, b in g]) for g in groups.values()]
     point = weighted_kappa([a for _, (a, _) in units], [b for _, (_, b) in units])
+    if _first_pass():
+        return point, None
     low, high = cluster_bootstrap_tables(tables, kappa_from_table, resamples=RESAMPLES, seed=SEED)
     return point, _interval(low, high)
 
@@ -572,6 +627,8 @@ def _alpha(
         groups.setdefault(conversation, []).append(row)
     tables = [coincidence_table(g, coders=coders) for g in groups.values()]
     point = krippendorff_alpha([row for _, row in units])
+    if _first_pass():
+        return _finite(point), None
     low, high = cluster_bootstrap_tables(
         tables,
         lambda t: alpha_from_coincidences(t, coders=coders),
