@@ -64,6 +64,30 @@ def _runs(items: Sequence[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(items[i : i + n]) for i in range(len(items) - n + 1)}
 
 
+@functools.lru_cache(maxsize=64)
+def _source_runs(
+    sources: tuple[str, ...], n: int
+) -> tuple[frozenset[tuple[str, ...]], tuple[str, ...]]:
+    """The ``n``-word runs of ``sources`` and their word texts (padded with spaces)."""
+    runs: set[tuple[str, ...]] = set()
+    texts = []
+    for source in sources:
+        said = words(source)
+        runs |= _runs(said, n)
+        texts.append(f" {' '.join(said)} ")
+    return frozenset(runs), tuple(texts)
+
+
+@functools.lru_cache(maxsize=64)
+def _label_patterns(labels: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    """A pattern per label: its words, any punctuation between them, then a colon."""
+    return tuple(
+        re.compile(r"\b" + r"\W+".join(map(re.escape, words(label))) + r"\s*(?:\([^)]*\))?:", re.I)
+        for label in labels
+        if words(label)
+    )
+
+
 class EchoCheck:
     """Finds where a line repeats its prompt.
 
@@ -95,22 +119,14 @@ class EchoCheck:
     ) -> None:
         self.n = n
         self.speakers = speakers
+        # The templates' wording is the same for every line: read once per process.
+        self._fixed, self._texts = _source_runs(tuple(sources), n)
         self._runs: set[tuple[str, ...]] = set()
-        self._texts: list[str] = []
-        for source in sources:
-            self._runs |= _runs(words(source), n)
-            self._texts.append(f" {' '.join(words(source))} ")
         for direction in directions:
             for framing in _QUOTED.split(direction):  # runs never span a quoted line
                 found = _runs(words(framing), n)
                 self._runs |= {run for run in found if _ADDRESS & set(run)}
-        self._labels = [
-            re.compile(
-                r"\b" + r"\W+".join(map(re.escape, words(label))) + r"\s*(?:\([^)]*\))?:", re.I
-            )
-            for label in labels
-            if words(label)
-        ]
+        self._labels = _label_patterns(tuple(labels))
 
     def find(self, text: str) -> str | None:
         """The first echo in ``text`` (the repeated words, label or narration), else None."""
@@ -121,7 +137,7 @@ class EchoCheck:
                 return whole.strip()
         for i in range(len(said) - self.n + 1):
             run = tuple(said[i : i + self.n])
-            if run in self._runs:
+            if run in self._fixed or run in self._runs:
                 return " ".join(run)
         for label in self._labels:
             found = label.search(text)

@@ -371,23 +371,35 @@ class ResilientClient(ClientWrapper):
         self._check_breaker()
         call_params = self._defaults(params)
         self.stats.calls += 1
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.settings.max_attempts),
-            wait=self._wait,
-            retry=retry_if_exception(self._retryable),
-            sleep=self._sleep,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
-        attempts = 0
+        attempts = 1
         took: list[float] = []  # each attempt's duration
         waited = 0.0  # backoff between attempts
+        first: Exception | None = None
         try:
-            async for attempt in retrying:
-                attempts = attempt.retry_state.attempt_number
-                waited = attempt.retry_state.idle_for
-                with attempt:
-                    done = await self._attempt(messages, call_params, took)
+            done = await self._attempt(messages, call_params, took)
+        except Exception as exc:
+            first = exc
+        # Most calls succeed at once: tenacity (its bookkeeping costs about as much CPU as the
+        # rest of this wrapper) takes over only after a failed first attempt, which it is
+        # handed as its own attempt 1, so waits, logs and the attempt count are its own.
+        try:
+            if first is not None:
+                retrying = AsyncRetrying(
+                    stop=stop_after_attempt(self.settings.max_attempts),
+                    wait=self._wait,
+                    retry=retry_if_exception(self._retryable),
+                    sleep=self._sleep,
+                    before_sleep=self._before_sleep,
+                    reraise=True,
+                )
+                replay = [first]
+                async for attempt in retrying:
+                    attempts = attempt.retry_state.attempt_number
+                    waited = attempt.retry_state.idle_for
+                    with attempt:
+                        if replay:
+                            raise replay.pop()
+                        done = await self._attempt(messages, call_params, took)
         except Exception as exc:
             transient = isinstance(exc, TransientProviderError) or self._retryable(exc)
             if not transient and not isinstance(exc, PermanentProviderError):
