@@ -115,7 +115,9 @@ def serve(port_file: Path, latency: float) -> None:
 
     async def stats(request: web.Request) -> web.Response:
         tick(0)
-        return web.json_response({k: state[k] for k in ("requests", "max", "area")})
+        return web.json_response(
+            {**{k: state[k] for k in ("requests", "max", "area")}, "cpu": time.process_time()}
+        )
 
     async def reset(request: web.Request) -> web.Response:
         tick(0)

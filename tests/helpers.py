@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio.lowlevel
 import msgspec
 
 from mhsafeeval.messages import Elite, Message
@@ -83,3 +84,15 @@ def comparable(events: list[Message]) -> list[tuple[str, Any]]:
             data["usage"]["latency_s"] = 0
         out.append((event.id, data))
     return out
+
+
+class RecordingSleep:
+    """Stands in for ``anyio.sleep`` (``ResilientClient(sleep=...)``): records the waits asked
+    for and returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        await anyio.lowlevel.checkpoint()

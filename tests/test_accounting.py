@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
+from helpers import RecordingSleep
 from mhsafeeval.agents import ClientAgent, CounselorAgent, RefinerAgent, builtin_profiles
 from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.config import BudgetSection
@@ -79,16 +80,6 @@ def litellm() -> Any:
 def api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-accounting-test")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-
-
-class RecordingSleep:
-    """The backoff waits asked for; returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 def open_fake(

@@ -16,6 +16,7 @@ import trio
 from trio.testing import MockClock
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
+from helpers import RecordingSleep
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
@@ -66,17 +67,6 @@ def failing(status: int) -> Answer:
 
 
 rate_limited = failing(429)
-
-
-class RecordingSleep:
-    """Stands in for anyio.sleep: records the waits, returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        await anyio.lowlevel.checkpoint()
 
 
 class Endpoint:

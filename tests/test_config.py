@@ -260,7 +260,7 @@ def test_a_config_without_counselors_cannot_run(
 def test_pacing_keys_of_model_tables_may_change_on_resume() -> None:
     """A campaign stored before ``adaptive_concurrency`` existed resumes, and a resumed run may
     pace its calls differently; a key that changes what is sent still differs."""
-    text = GOOD + "\n[models.judge]\nprovider = \"scripted/demo-judge\"\nmax_concurrency = 4\n"
+    text = GOOD + '\n[models.judge]\nprovider = "scripted/demo-judge"\nmax_concurrency = 4\n'
     now = parse_config(text, "c.toml")
     stored = json.loads(canonical_config(now))
     judge = stored["models"]["judge"]

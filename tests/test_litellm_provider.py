@@ -20,6 +20,7 @@ import pytest
 import structlog
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
+from helpers import RecordingSleep
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
@@ -62,16 +63,6 @@ def anyio_backend() -> str:
 def litellm() -> Any:
     """Import litellm once per session (it takes seconds), outside any test."""
     return import_litellm()
-
-
-class RecordingSleep:
-    """Records the backoff waits ResilientClient asks for, and returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 import structlog
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
+from helpers import RecordingSleep
 from mhsafeeval.cli import main
 from mhsafeeval.runtime.providers import (
     CallParams,
@@ -57,16 +58,6 @@ VERDICT = CallParams(json_schema=SCHEMA, schema_name="verdict")
 LLAMA_CPP_REJECTION = (
     'response_format type must be one of "text" or "json_object", but got: json_schema'
 )
-
-
-class RecordingSleep:
-    """Records the backoff waits ResilientClient asks for, and returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 @pytest.fixture

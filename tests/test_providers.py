@@ -9,6 +9,7 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
+from helpers import RecordingSleep
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
@@ -27,17 +28,6 @@ from mhsafeeval.testing import register_script
 
 pytestmark = pytest.mark.anyio
 HELLO = [ChatMessage("user", "hello")]
-
-
-class RecordingSleep:
-    """Stands in for anyio.sleep: records the requested waits, returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        await anyio.lowlevel.checkpoint()
 
 
 def settings(name: str, **kw: object) -> ModelSettings:
