@@ -25,6 +25,9 @@ Scope = Literal["global", "conversation"]
 """How many instances of a registered agent type there are: one per conversation, or one."""
 Observer = Callable[[Message], Awaitable[None] | None]
 _FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
+OBSERVER_BACKLOG = 2000
+"""Messages an observer may have queued before agents' ``async`` handlers wait for it: what
+bounds memory when agents publish faster than, say, the event store writes."""
 
 
 class _Redo:
@@ -120,7 +123,11 @@ class Runtime:
       never cuts an observer short. A ``critical`` observer that raises stops the whole
       runtime (a store that cannot write must not be ignored); any other observer that raises
       is logged (``runtime.observer_detached``) and detached: it sees nothing more, and no
-      conversation is cancelled because of it.
+      conversation is cancelled because of it. An observer more than
+      :data:`OBSERVER_BACKLOG` messages behind holds back the start of agents' ``async``
+      handlers (never a synchronous handler, never ``publish``) until it is back under that
+      mark, so a slow store bounds memory instead of queueing a whole campaign; an observer
+      must therefore never wait for an agent's answer.
     * **What a failure cancels.** A handler, an agent factory or an ``on_start`` that raises
       cancels that message's conversation only (:meth:`cancel_conversation`: its running
       handlers are cancelled, its queued and later messages are dropped for agents) and is
@@ -157,6 +164,10 @@ class Runtime:
         self._event_cls: Callable[[], anyio.Event] = anyio.Event
         self._replay: _Replay | None = None
         self._last: dict[str, Message] = {}
+        self._observers: list[_Mailbox] = []  # whose backlogs hold agents back
+        self._caught_up: anyio.Event | None = None  # set when a backlogged observer drains
+        self.backlog_waits = 0
+        """How many times an agent's async handler waited for a backlogged observer."""
         self.published = 0
         self.dropped = 0
         self.failures = 0
@@ -261,6 +272,7 @@ class Runtime:
         self._check_name(name)
         mbox = _Mailbox(name, None, callback, critical)
         self._add_sub(_Subscription(name, types, topic, mailbox=mbox, replay=replay))
+        self._observers.append(mbox)
         self._start(mbox)
 
     def _check_name(self, name: str) -> None:
@@ -531,6 +543,8 @@ class Runtime:
         while True:
             if queue:
                 entry = queue.popleft()
+                if self._caught_up is not None and len(queue) <= OBSERVER_BACKLOG // 2:
+                    self._wake_agents()  # agents wait on an observer: this one caught up
             else:
                 streak = 0
                 next_entry = await self._next(mbox)
@@ -603,6 +617,10 @@ class Runtime:
                 return
             for handler, is_async in agent.dispatch(type(msg)):
                 if is_async:
+                    if self._backlogged():
+                        await self._observers_drained()
+                        if msg.conversation in self._cancelled:
+                            break
                     await self._cancellable(msg.conversation, getattr(agent, handler)(msg))
                 elif not redo:
                     getattr(agent, handler)(msg)
@@ -616,6 +634,22 @@ class Runtime:
             else:
                 self._handler_failed(mbox, handler, msg, exc)
 
+    def _backlogged(self) -> bool:
+        return any(len(m.queue) > OBSERVER_BACKLOG for m in self._observers)
+
+    async def _observers_drained(self) -> None:
+        """Wait until no observer has more than OBSERVER_BACKLOG messages queued."""
+        self.backlog_waits += 1
+        while self._backlogged():
+            if self._caught_up is None:
+                self._caught_up = self._event_cls()
+            await self._caught_up.wait()
+
+    def _wake_agents(self) -> None:
+        caught_up, self._caught_up = self._caught_up, None
+        if caught_up is not None:
+            caught_up.set()  # the waiters check again, and wait again if another lags
+
     def _detach(self, mbox: _Mailbox, msg: Message, exc: Exception) -> None:
         """A non-critical observer raised: log it and stop feeding it; nothing is cancelled."""
         self.failures += 1
@@ -623,7 +657,9 @@ class Runtime:
         if mbox.wake is not None:
             mbox.wake.set()
         self._subs = [s for s in self._subs if s.mailbox is not mbox]
+        self._observers = [m for m in self._observers if m is not mbox]
         self._routes.clear()
+        self._wake_agents()
         log.error(
             "runtime.observer_detached",
             observer=mbox.name,

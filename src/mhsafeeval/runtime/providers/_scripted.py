@@ -22,6 +22,7 @@ from ._types import (
 )
 
 __all__ = [
+    "KEPT_CALLS",
     "Reply",
     "Script",
     "ScriptedModel",
@@ -31,6 +32,9 @@ __all__ = [
     "register_script",
     "scripted_factory",
 ]
+
+KEPT_CALLS = 16
+"""How many of its latest calls a :class:`ScriptedModel` keeps for assertions by default."""
 
 Reply = Union[str, Completion, BaseException]  # noqa: UP007 - a runtime alias
 ScriptFn = Callable[[Sequence[ChatMessage], CallParams], Union[Reply, Awaitable[Reply]]]  # noqa: UP007
@@ -45,26 +49,44 @@ class ScriptedModel:
     returns (or awaits) a reply. A reply that is an exception is raised, which is how tests
     inject provider faults (e.g. ``TransientProviderError("429", retry_after=2)``).
 
-    Every call is recorded in :attr:`calls` for assertions. It is free (:meth:`price` is 0),
-    retries :class:`TransientProviderError` only, and its connection is its script's name.
+    The last ``keep_calls`` calls (messages and parameters, oldest first) are kept in
+    :attr:`calls` for assertions, and :attr:`call_count` counts all of them: a campaign of
+    thousands of conversations on scripted models holds only those few prompts. It is free
+    (:meth:`price` is 0), retries :class:`TransientProviderError` only, and its connection is
+    its script's name.
 
     Example:
         >>> import anyio
         >>> m = ScriptedModel("demo", ["first", "second"])
         >>> anyio.run(m.complete, [ChatMessage("user", "hi")]).text
         'first'
+        >>> m.call_count, m.calls[-1][0]
+        (1, (ChatMessage(role='user', content='hi'),))
     """
 
     supports_json_schema = True
     sampling = CallParams()  # applies none of its own: open_model's wrapper applies the table's
 
     def __init__(
-        self, name: str, script: Script, *, cycle: bool = False, delay_s: float = 0.0
+        self,
+        name: str,
+        script: Script,
+        *,
+        cycle: bool = False,
+        delay_s: float = 0.0,
+        keep_calls: int = KEPT_CALLS,
     ) -> None:
+        if keep_calls < 0:
+            raise ValueError(f"ScriptedModel(keep_calls={keep_calls}): must be 0 or more")
         self.name = f"scripted/{name}"
         self.connection_key = name
         self.delay_s = delay_s
+        self.keep_calls = keep_calls
         self.calls: list[tuple[tuple[ChatMessage, ...], CallParams]] = []
+        """The last ``keep_calls`` calls, oldest first (a plain list, so tests compare and
+        slice it as one)."""
+        self.call_count = 0
+        """Every call made, those no longer in :attr:`calls` included."""
         self._fn: ScriptFn | None = None
         self._replies: Iterator[Reply] | None = None
         if callable(script):
@@ -89,7 +111,10 @@ class ScriptedModel:
         params = params or CallParams()
         if self.delay_s:
             await anyio.sleep(self.delay_s)  # a stand-in for network latency (tests, demos)
+        self.call_count += 1
         self.calls.append((tuple(messages), params))
+        if len(self.calls) > self.keep_calls:
+            del self.calls[0]  # a short list: cheaper than a deque that tests cannot slice
         if self._fn is not None:
             reply = self._fn(messages, params)
             if inspect.isawaitable(reply):
@@ -100,7 +125,7 @@ class ScriptedModel:
                 reply = next(self._replies)
             except StopIteration:
                 raise ScriptExhausted(
-                    f"{self.name}: script has no reply left for call {len(self.calls)}"
+                    f"{self.name}: script has no reply left for call {self.call_count}"
                 ) from None
         if isinstance(reply, BaseException):
             raise reply
@@ -113,7 +138,7 @@ class ScriptedModel:
             prompt_tokens=prompt,
             completion_tokens=len(reply.split()),
             model=self.name,
-            provider_id=f"{self.name}#{len(self.calls)}",
+            provider_id=f"{self.name}#{self.call_count}",
         )
 
     async def aclose(self) -> None:

@@ -1,0 +1,126 @@
+"""Memory follows the conversations in flight, not the campaign's total (issue 16)."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from mhsafeeval.campaign import run_campaign
+from mhsafeeval.config import parse_config
+from mhsafeeval.messages import ConversationFinished
+from mhsafeeval.runtime import Agent, Message, Runtime, configure_logging, on
+from mhsafeeval.runtime._runtime import OBSERVER_BACKLOG
+from mhsafeeval.runtime.providers import ChatMessage, ScriptedModel
+from mhsafeeval.runtime.providers._scripted import KEPT_CALLS
+from mhsafeeval.storage import MemoryEventStore
+from mhsafeeval.testing import scripted_models
+
+pytestmark = pytest.mark.anyio
+
+
+class Tick(Message, frozen=True, tag="test.memory_tick"):
+    n: int = 0
+
+
+class Ticker(Agent):
+    """Each tick's async handler publishes the next one, up to ``last``."""
+
+    def __init__(self, last: int) -> None:
+        super().__init__()
+        self.last = last
+
+    @on(Tick)
+    async def tick(self, msg: Tick) -> None:
+        await anyio.lowlevel.checkpoint()
+        if msg.n < self.last:
+            self.publish(Tick(conversation=msg.conversation, n=msg.n + 1))
+
+
+async def test_scripted_model_keeps_only_its_latest_calls() -> None:
+    model = ScriptedModel("memory", ["ok"], cycle=True)
+    calls = 3 * KEPT_CALLS
+    for i in range(calls):
+        await model.complete([ChatMessage("user", f"call {i}")])
+    assert model.call_count == calls
+    assert len(model.calls) == KEPT_CALLS
+    assert [m[0].content for m, _ in model.calls] == [
+        f"call {i}" for i in range(calls - KEPT_CALLS, calls)
+    ]
+    last = await model.complete([ChatMessage("user", "one more")])
+    assert last.provider_id == f"scripted/memory#{calls + 1}"  # numbered by every call
+
+
+async def test_a_lagging_observer_holds_back_async_handlers_and_loses_nothing() -> None:
+    gate = anyio.Event()
+    seen: list[int] = []
+
+    async def slow(msg: Message) -> None:
+        await gate.wait()  # an event store whose writer cannot keep up
+        assert isinstance(msg, Tick)
+        seen.append(msg.n)
+
+    last = 3 * OBSERVER_BACKLOG
+    async with Runtime() as rt:
+        rt.subscribe(slow, name="slow")
+        rt.register("ticker", lambda aid: Ticker(last), types=(Tick,))
+        rt.publish(Tick(conversation="c", n=0))
+        await anyio.wait_all_tasks_blocked()
+        held = rt.published
+        assert held <= OBSERVER_BACKLOG + 2  # not the whole run queued for the observer
+        assert rt.backlog_waits >= 1
+        gate.set()
+        await rt.run_until_idle()
+    assert seen == list(range(last + 1))  # in order, nothing dropped
+    assert rt.published == last + 1
+
+
+CONFIG = """
+[campaign]
+name = "memory"
+seed = 5
+max_turns = 2
+max_attempts = 2
+conversations_per_profile = {conversations}
+concurrency = 4
+profile_ids = ["grief-widower"]
+"""
+
+
+class Forgetful(MemoryEventStore):
+    """A store that keeps nothing, so that what grows is the run's own memory."""
+
+    async def append(self, message: Message) -> None:
+        """Forget ``message`` at once (no checkpoint: the store never falls behind)."""
+
+
+async def test_finished_conversations_leave_nothing_behind() -> None:
+    """Bytes still allocated grow by less than 1 KB per finished conversation (the scripted
+    models kept every prompt: about 7.5 KB each)."""
+    configure_logging("warning")  # log lines would be kept by pytest's capture (conftest resets)
+    first, last = 20, 60
+    text = CONFIG.format(conversations=last + 4) + scripted_models()
+    config = parse_config(text, "<memory>")
+    sizes: dict[int, int] = {}
+    finished = 0
+
+    def measure(msg: Message) -> None:
+        nonlocal finished
+        if isinstance(msg, ConversationFinished):
+            finished += 1
+            if finished in (first, last):
+                gc.collect()
+                sizes[finished] = tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        async with Forgetful() as store:
+            result = await run_campaign(config, store, config_text=text, observers=(measure,))
+    finally:
+        tracemalloc.stop()
+    assert result.status == "completed"
+    per_conversation = (sizes[last] - sizes[first]) / (last - first)
+    assert per_conversation < 1000, per_conversation
