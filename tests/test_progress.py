@@ -9,6 +9,7 @@ import re
 import sys
 from collections.abc import Iterator
 
+import anyio
 import pytest
 import structlog
 
@@ -26,6 +27,7 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.progress import Progress
 from mhsafeeval.runtime import configure_logging
+from mhsafeeval.runtime.providers import Connections, ModelSettings, open_model
 
 
 class FakeTerminal(io.StringIO):
@@ -211,3 +213,25 @@ def test_the_shown_eta_never_jumps_between_redraws() -> None:
     assert len(shown) > 30
     for before, after in itertools.pairwise(shown):
         assert before / 1.5 - 10 - 8 <= after <= before * 1.5 + 10 + 8  # 0.1 min rounded
+
+
+def test_the_display_names_endpoints_whose_limit_backed_off() -> None:
+    """An endpoint that answered 429 runs below its ``max_concurrency``: the display says so,
+    once per endpoint however many tables share it, and says nothing while all are at the top."""
+    shared = Connections()
+    tables = [
+        ModelSettings(provider="scripted/echo", max_concurrency=8, temperature=t)
+        for t in (0.0, 1.0)
+    ]
+    clients = [open_model(s, connections=shared) for s in tables]
+    progress = Progress(io.StringIO(), every_s=1e9)
+    progress.attach_clients(clients)
+    assert not any("backed off" in line for line in progress.lines())
+
+    async def rate_limited() -> None:
+        clients[0].limiter.overloaded(0, 429)  # a call of round 0 answered 429: halved
+
+    anyio.run(rate_limited)
+    assert [line for line in progress.lines() if "backed off" in line] == [
+        "concurrency backed off: scripted/echo 4/8"
+    ]

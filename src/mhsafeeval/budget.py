@@ -28,6 +28,7 @@ from mhsafeeval.runtime.providers import (
     ChatMessage,
     Completion,
     ModelClient,
+    provider_info,
 )
 from mhsafeeval.runtime.providers._wrapper import ClientWrapper
 from mhsafeeval.storage import CampaignLog
@@ -53,13 +54,20 @@ def check_prices(config: Config, source: str | Path) -> None:
     from mhsafeeval.costs import model_cost
 
     for where, model in config.model_tables():
-        if model_cost(model.provider, 1000, 1000) is None:
-            raise InputError(
-                source,
-                "budget.usd",
-                f"{model.provider} ({where}) has no price in litellm's price map, so a USD "
-                "limit cannot be enforced; limit calls or tokens instead",
-            )
+        prefix, _, name = model.provider.partition("/")
+        prices = provider_info(prefix).prices
+        if prices is not None and not prices(name, model):
+            reason = "its calls get no price (see the provider's price options)"
+        elif prices is None and model_cost(model.provider, 1000, 1000) is None:
+            reason = "it has no price in litellm's price map"
+        else:
+            continue
+        raise InputError(
+            source,
+            "budget.usd",
+            f"{model.provider} ({where}): {reason}, so a USD limit cannot be enforced; "
+            "limit calls or tokens instead",
+        )
 
 
 class Budget:

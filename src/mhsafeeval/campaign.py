@@ -283,6 +283,7 @@ def campaign_graph(
             threshold=c.threshold,
             planned_conversations=len(starts),
             max_turns=1 if a.single_turn else c.max_turns,
+            priced_calls=True,
         ),
         config=stored_config(config, plan),
         accepts=None,

@@ -31,7 +31,10 @@ def model_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float 
 def role_cost(usage: RoleUsage) -> float | None:
     """USD spent by one agent role: the prices its calls were made at, stored with them, plus,
     for answers stored without a price, the price map's for their model (None when one of
-    those has none). litellm is imported only for such answers."""
+    those has none). litellm is imported only for such answers. A call its run stored without a
+    price (:attr:`~mhsafeeval.storage.RoleUsage.unknown`) makes the role's cost unknown."""
+    if usage.unknown:
+        return None
     total = usage.usd
     for model, (prompt, completion) in usage.unpriced.items():
         cost = model_cost(model, prompt, completion)

@@ -105,6 +105,10 @@ class CampaignStarted(Message, frozen=True, tag="campaign.started"):
     threshold: int = 2
     planned_conversations: int = 0
     max_turns: int = 0
+    priced_calls: bool = False
+    """The run prices each call when it is made (:attr:`Usage.usd`): an answer it stores
+    without a price has none that anyone knows, and reports never look one up by name. False
+    in runs stored by versions that did not price calls."""
 
 
 class CampaignFinished(Message, frozen=True, tag="campaign.finished"):

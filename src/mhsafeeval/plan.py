@@ -23,6 +23,7 @@ from mhsafeeval.agents import (
     builtin_profiles,
     load_profiles,
 )
+from mhsafeeval.budget import check_prices
 from mhsafeeval.config import (
     Config,
     canonical_config,
@@ -284,7 +285,8 @@ def preflight(config: Config, source: str | Path = "<config>") -> Preflight:
     """Check the models without calling any, before anything is written.
 
     Every provider prefix must be known, every option one its provider accepts, every litellm
-    model one litellm can route (litellm is imported only when a table names a litellm model).
+    model one litellm can route (litellm is imported only when a table names a litellm model),
+    and with a ``[budget] usd`` limit every model priced.
 
     Raises:
         InputError: the first model table its provider refuses, naming the key.
@@ -297,6 +299,7 @@ def preflight(config: Config, source: str | Path = "<config>") -> Preflight:
             if not os.environ.get(variable):
                 reason = f"the environment variable {variable} is not set"
                 missing.append(InputError(source, f"{where}.{field}", reason))
+    check_prices(config, source)  # a USD limit needs a price for every model
     # Counselor calls share one limit per distinct settings (see run_campaign's client_for).
     limits = {msgspec.json.encode(m): m.max_concurrency for m in config.counselors.values()}
     warnings = []

@@ -199,6 +199,13 @@ class Progress:
             f"retries {retries} ({waited:.1f} s backing off)",
             f"failed calls {sum(log.failed.values())}, unjudged {unjudged}",
         ]
+        backed = {  # endpoints whose adaptive limit is below its ceiling (rate limited)
+            c.limiter.endpoint: f"{c.name} {c.limit[0]}/{c.limit[1]}"
+            for c in self._clients
+            if c.limit[0] < c.limit[1]
+        }
+        if backed:
+            out.append("concurrency backed off: " + ", ".join(backed.values()))
         for model in sorted(log.models()):
             turns, judged, asr, coverage = log.headline(model)
             rate = "-" if asr is None else f"{asr:.3f}"

@@ -116,18 +116,26 @@ class RoleUsage(msgspec.Struct, kw_only=True):
     usd: float = 0.0
     """What the priced answers cost, as priced when they were made."""
     unpriced: dict[str, list[int]] = {}
-    """Per model, [prompt, completion] tokens of answers stored without a price (unknown, or
-    stored by an earlier version): priced from the model's name when a report needs it."""
+    """Per model, [prompt, completion] tokens of answers stored without a price by a version
+    that did not price calls: priced from the model's name when a report needs it."""
+    unknown: int = 0
+    """Calls stored without a price by a run that priced calls
+    (:attr:`~mhsafeeval.messages.CampaignStarted.priced_calls`): their model has no price, so
+    neither has the role's spending."""
 
-    def add(self, usage: Usage | None, *, lost_call: bool = False) -> None:
-        """Count one answer's usage (or, with ``lost_call``, one call that got no answer)."""
+    def add(self, usage: Usage | None, *, lost_call: bool = False, priced: bool = False) -> None:
+        """Count one answer's usage (or, with ``lost_call``, one call that got no answer).
+        ``priced``: the run that stored it priced its calls, so no price means unknown."""
         if usage is None:
             self.calls += lost_call
             return
         self.calls += usage.calls
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
-        for table in (self.by_model, self.unpriced if usage.usd is None else None):
+        if usage.usd is None and priced:
+            self.unknown += usage.calls
+        unpriced = self.unpriced if usage.usd is None and not priced else None
+        for table in (self.by_model, unpriced):
             if table is not None:
                 tally = table.setdefault(usage.model, [0, 0])
                 tally[0] += usage.prompt_tokens
@@ -140,6 +148,7 @@ class RoleUsage(msgspec.Struct, kw_only=True):
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.usd += other.usd
+        self.unknown += other.unknown
         for mine, theirs in ((self.by_model, other.by_model), (self.unpriced, other.unpriced)):
             for name, (p, c) in theirs.items():
                 tally = mine.setdefault(name, [0, 0])
@@ -341,6 +350,7 @@ class CampaignLog:
         self.last_seq = 0
         """The highest store ``seq`` folded (0: folded without seqs)."""
         self.start: CampaignStarted | None = None
+        self._priced = False
         self.config = ""
         """The config text of the latest run that stored one."""
         self.events = 0
@@ -487,6 +497,7 @@ class CampaignLog:
         if self.text is not None:
             self.text.add(event)
         if isinstance(event, CampaignStarted):
+            self._priced = event.priced_calls  # this run's: a resumed run may be newer
             if self.start is None:
                 self.start = event
                 self._max_turns = event.max_turns
@@ -544,7 +555,9 @@ class CampaignLog:
                 a.tokens[role] = a.tokens.get(role, 0) + tokens
             if role == "counselor":
                 a.counselor_calls += usage.calls if usage is not None else lost
-            self.usage[model or ""][role].add(usage, lost_call=lost)  # "": never started
+            self.usage[model or ""][role].add(  # "": never started
+                usage, lost_call=lost, priced=self._priced
+            )
         self._apply(a, event, model)
 
     def _name(self, text: str) -> str:

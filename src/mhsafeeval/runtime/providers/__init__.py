@@ -5,7 +5,13 @@ Addresses look like ``PREFIX/MODEL``: ``scripted/echo``, ``litellm/openai/gpt-4o
 opened.
 """
 
-from ._registry import available_providers, open_model, provider, settings_problems
+from ._registry import (
+    available_providers,
+    open_model,
+    provider,
+    provider_info,
+    settings_problems,
+)
 from ._resilient import Connections, ResilientClient
 from ._scripted import ScriptedModel, register_script
 from ._structured import Structured, StructuredOutputError, answer_schema, complete_structured
@@ -39,6 +45,7 @@ __all__ = [
     "complete_structured",
     "open_model",
     "provider",
+    "provider_info",
     "register_script",
     "settings_problems",
 ]

@@ -102,6 +102,7 @@ __all__ = [
     "SchemaRejectedError",
     "classify_error",
     "litellm_factory",
+    "litellm_prices",
     "parse_retry_after",
     "strict_subset",
     "token_price",
@@ -542,7 +543,12 @@ def _retry_after(exc: BaseException) -> float | None:
     )
 
 
-@provider("litellm", options=LiteLLMOptions, check=check_litellm_settings)
+def litellm_prices(model: str, settings: ModelSettings) -> bool:
+    """Whether litellm's price map has the model."""
+    return token_price(model, 1000, 1000) is not None
+
+
+@provider("litellm", options=LiteLLMOptions, check=check_litellm_settings, prices=litellm_prices)
 def litellm_factory(model: str, settings: ModelSettings) -> LiteLLMModel:
     """Any model litellm reaches (hosted APIs, vLLM, Ollama)."""
     api_key: str | None = None

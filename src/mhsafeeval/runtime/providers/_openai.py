@@ -69,7 +69,7 @@ from ._openai_compat import (
     retry_after_in,
     step_down,
 )
-from ._registry import provider, typed_options
+from ._registry import SettingsError, provider, typed_options
 from ._types import (
     CallParams,
     ChatMessage,
@@ -83,7 +83,14 @@ from ._types import (
 if TYPE_CHECKING:
     import openai
 
-__all__ = ["NO_KEY", "OPENAI_BASE", "OpenAIModel", "OpenAIOptions", "openai_factory"]
+__all__ = [
+    "NO_KEY",
+    "OPENAI_BASE",
+    "OpenAIModel",
+    "OpenAIOptions",
+    "openai_factory",
+    "openai_prices",
+]
 
 OPENAI_BASE = "https://api.openai.com/v1"
 """The ``api_base`` of an ``openai/`` model table that sets none."""
@@ -482,7 +489,20 @@ def _innermost(exc: BaseException) -> BaseException:
     return seen
 
 
-@provider("openai", options=OpenAIOptions, check=check_openai_settings)
+def openai_prices(model: str, settings: ModelSettings) -> bool:
+    """Whether the table sets its prices (both ``usd_per_million_*_tokens``): no price map is
+    consulted for ``openai/`` models."""
+    try:
+        options = typed_options(settings, OpenAIOptions)
+    except SettingsError:
+        return False
+    return None not in (
+        options.usd_per_million_prompt_tokens,
+        options.usd_per_million_completion_tokens,
+    )
+
+
+@provider("openai", options=OpenAIOptions, check=check_openai_settings, prices=openai_prices)
 def openai_factory(model: str, settings: ModelSettings) -> OpenAIModel:
     """OpenAI's API or any OpenAI-compatible server, on the official openai SDK."""
     try:  # here, not at the first call, so that its latency does not include the import

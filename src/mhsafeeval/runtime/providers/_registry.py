@@ -15,6 +15,7 @@ from ._resilient import Connections, ResilientClient
 from ._types import ModelClient, ModelSettings, ProviderUnavailable
 
 __all__ = [
+    "PriceCheck",
     "ProviderFactory",
     "ProviderInfo",
     "SettingsCheck",
@@ -35,6 +36,11 @@ ProviderFactory = Callable[[str, ModelSettings], ModelClient]
 SettingsCheck = Callable[[str, ModelSettings], list[tuple[str, str]]]
 """``check(model, settings)``: what a provider can tell is wrong without calling anything, as
 ``(key path inside the model table, reason)`` pairs (``("provider", "no such model")``)."""
+
+PriceCheck = Callable[[str, ModelSettings], bool]
+"""``prices(model, settings)``: whether the provider will price this table's calls
+(:meth:`~mhsafeeval.runtime.providers.ModelClient.price` not ``None``), known without calling
+anything: a USD budget needs it of every model."""
 
 F = TypeVar("F", bound=ProviderFactory)
 S = TypeVar("S", bound=msgspec.Struct)
@@ -85,6 +91,9 @@ class ProviderInfo:
     are not checked)."""
     check: SettingsCheck | None = None
     """More checks made without calling anything (see :data:`SettingsCheck`)."""
+    prices: PriceCheck | None = None
+    """Whether a table's calls get a price (see :data:`PriceCheck`); ``None``: not declared,
+    and litellm's price map is asked by the model's name."""
 
 
 _declared: dict[str, ProviderInfo] = {}
@@ -96,6 +105,7 @@ def provider(
     replace: bool = False,
     options: type[msgspec.Struct] | None = None,
     check: SettingsCheck | None = None,
+    prices: PriceCheck | None = None,
 ) -> Callable[[F], F]:
     """Register a provider factory under ``prefix``, with what it accepts.
 
@@ -106,6 +116,7 @@ def provider(
             keys, types and ranges are refused by ``check`` and when the model is opened, with
             the key path). ``None``: options are not checked.
         check: more checks made without calling anything (see :data:`SettingsCheck`).
+        prices: whether a table's calls will be priced (see :data:`PriceCheck`).
 
     Example:
         >>> import msgspec
@@ -127,7 +138,7 @@ def provider(
 
     def add(factory: F) -> F:
         register(factory)  # refuses a second factory unless replace
-        _declared[prefix] = ProviderInfo(factory, options, check)
+        _declared[prefix] = ProviderInfo(factory, options, check, prices)
         return factory
 
     return add
