@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from mhsafeeval.errors import InputError
 
-__all__ = ["write_private_atomic"]
+__all__ = ["open_private_atomic", "write_private_atomic"]
 
 
 def write_private_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -41,6 +43,30 @@ def write_private_atomic(path: str | os.PathLike[str], text: str) -> None:
         ...     print(repr(target.read_text()), oct(target.stat().st_mode & 0o777))
         'all clear\\n' 0o600
     """
+    with open_private_atomic(path) as out:
+        out.write(text)
+
+
+@contextlib.contextmanager
+def open_private_atomic(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """A text file (UTF-8, newlines as written) that replaces ``path`` only once the ``with``
+    body has written all of it and left without an error, mode ``0o600``: what
+    :func:`write_private_atomic` does, for a text written as it streams (an export).
+
+    Raises:
+        InputError: as :func:`write_private_atomic`; an error in the body leaves the previous
+            file unchanged and is raised as it is.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     target = pathlib.Path(folder) / "records.jsonl"
+        ...     with open_private_atomic(target) as out:
+        ...         for n in range(3):
+        ...             _ = out.write(f"{n}\\n")
+        ...     print(target.read_text().split(), oct(target.stat().st_mode & 0o777))
+        ['0', '1', '2'] 0o600
+    """
     shown = Path(path)
     target = Path(os.path.realpath(shown))
     if target.is_dir():
@@ -54,7 +80,7 @@ def write_private_atomic(path: str | os.PathLike[str], text: str) -> None:
         raise InputError(shown, None, f"cannot create a file in {folder} ({_why(exc)})") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
+            yield out
             out.flush()
             os.fsync(out.fileno())  # the data is on disk before the rename makes it visible
         os.replace(temp, target)

@@ -9,11 +9,10 @@ import io
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -21,6 +20,7 @@ import anyio
 import msgspec
 
 from mhsafeeval import __version__
+from mhsafeeval._files import open_private_atomic
 from mhsafeeval._terminal import visible, visible_json
 from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
@@ -580,35 +580,6 @@ class _VisibleLines(io.TextIOBase):
         return len(text)
 
 
-@contextlib.contextmanager
-def _private_out(path: Path) -> Iterator[TextIO]:
-    """A file that replaces ``path`` only once complete, owner-only, written as it streams
-    (what ``mhsafeeval._files.write_private_atomic`` does with a whole text)."""
-    target = Path(os.path.realpath(path))
-    if target.is_dir():
-        raise InputError(path, None, "is a folder; name a file to write")
-    if not target.parent.is_dir():
-        raise InputError(path, None, f"cannot write: no such folder {target.parent}")
-    try:  # mkstemp creates the file with O_EXCL and mode 0o600
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        raise InputError(path, None, f"cannot create a file in {target.parent} ({why})") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        if isinstance(exc, OSError):
-            why = exc.strerror or str(exc)
-            raise InputError(path, None, f"cannot write ({why}); nothing was changed") from exc
-        raise
-
-
 async def _export(args: argparse.Namespace) -> int:
     from mhsafeeval.export import archive_json, export
     from mhsafeeval.storage import SqliteEventStore
@@ -619,7 +590,7 @@ async def _export(args: argparse.Namespace) -> int:
     ):
         out: TextIO
         if args.out is not None:  # owner-only, and replaced whole or not at all
-            out = stack.enter_context(_private_out(args.out))
+            out = stack.enter_context(open_private_atomic(args.out))
         elif args.archive or args.format == "jsonl":  # same values, nothing a terminal acts on
             out = _VisibleLines()  # type: ignore[assignment]
         else:
