@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 import structlog
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
-from helpers import RecordingSleep
+from helpers import RecordingSleep, cli
 from mhsafeeval.cli import main
 from mhsafeeval.runtime.providers import (
     CallParams,
@@ -46,6 +47,7 @@ from mhsafeeval.testing._demo import demo_counselor
 pytestmark = pytest.mark.anyio
 
 KEY = "sk-mhs-openai-test-0123456789-SECRET"
+ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "MHS_OPENAI_TEST_KEY"
 HELLO = [ChatMessage("system", "You are terse."), ChatMessage("user", "hello")]
 SCHEMA: dict[str, Any] = {
@@ -555,13 +557,28 @@ def test_settings_problems_name_the_option(
     assert where in str(caught.value)
 
 
-def test_openai_itself_needs_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_openai_itself_needs_its_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """OpenAI's key, read from OPENAI_API_KEY when the table names none, is like any named
+    key: unset, ``check`` warns (exit 0: a config is checked where secrets are not), ``run``
+    refuses before anything is written (exit 2), and opening the model raises."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     settings = ModelSettings(provider="openai/gpt-4o-mini")
-    [(field, reason)] = settings_problems(settings)
-    assert field == "api_key_env" and "OPENAI_API_KEY" in reason
+    assert settings_problems(settings) == []  # the table itself is right
     with pytest.raises(ProviderUnavailable, match="OPENAI_API_KEY"):
         open_model(settings)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        (ROOT / "examples" / "campaign.toml").read_text()
+        + '\n[counselors.gpt]\nprovider = "openai/gpt-4o-mini"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    checked = cli("check", str(config), env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert "counselors.gpt.api_key_env: the environment variable OPENAI_API_KEY" in checked.stderr
+    db = tmp_path / "c.db"
+    refused = cli("run", str(config), "--db", str(db), env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert "OPENAI_API_KEY" in refused.stderr and not db.exists()
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     assert settings_problems(settings) == []
     model = open_model(settings)

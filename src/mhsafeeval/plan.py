@@ -36,6 +36,7 @@ from mhsafeeval.judges import JUDGES, JudgeRun, JudgeSpec, judge_options
 from mhsafeeval.runtime import PluginNotFound
 from mhsafeeval.runtime.providers import (
     ModelSettings,
+    provider_info,
     settings_problems,
 )
 from mhsafeeval.search import CONTROLLERS, ControllerSpec, SearchRun, controller_options
@@ -321,6 +322,10 @@ def _environment_names(model: ModelSettings) -> list[tuple[str, str]]:
     """The environment variables a model table names: ``api_key_env`` and the ``*_env``
     options (``extra_headers_env = { Authorization = "VAR" }``), with their key paths."""
     names = [("api_key_env", model.api_key_env)] if model.api_key_env else []
+    prefix = model.provider.partition("/")[0]
+    declared = provider_info(prefix).environment  # variables the provider reads unnamed
+    if declared is not None:
+        names += declared(model.provider.partition("/")[2], model)
     for key, value in model.options.items():
         if key.endswith("_env") and isinstance(value, dict):
             names += [(f"options.{key}.{k}", v) for k, v in value.items() if isinstance(v, str)]

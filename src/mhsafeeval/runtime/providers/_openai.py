@@ -88,6 +88,7 @@ __all__ = [
     "OPENAI_BASE",
     "OpenAIModel",
     "OpenAIOptions",
+    "openai_environment",
     "openai_factory",
     "openai_prices",
 ]
@@ -166,7 +167,7 @@ def _base(settings: ModelSettings) -> str:
 
 def check_openai_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
     """What an ``openai/`` table gets wrong that its options Struct cannot tell: one price
-    without the other, ``extra_body`` fields the table sets, OpenAI's key not set."""
+    without the other, ``extra_body`` fields the table sets."""
     try:
         options = msgspec.convert(settings.options, OpenAIOptions)
     except (msgspec.ValidationError, ValueError):
@@ -185,16 +186,15 @@ def check_openai_settings(model: str, settings: ModelSettings) -> list[tuple[str
         problems.append(
             (f"options.extra_body.{field}", "set by mhsafeeval from the model table, not here")
         )
-    if not settings.api_key_env and _key_env(settings) and not os.environ.get("OPENAI_API_KEY"):
-        problems.append(
-            (
-                "api_key_env",
-                f"openai/{model} calls OpenAI ({OPENAI_BASE}) with the key in OPENAI_API_KEY, "
-                "which is not set: set it, name another variable in api_key_env, or point "
-                "api_base at your own server",
-            )
-        )
     return problems
+
+
+def openai_environment(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
+    """OpenAI itself (no ``api_base``, no ``api_key_env``) is called with the key in
+    ``OPENAI_API_KEY``: ``check`` warns when it is unset, ``run`` refuses to start."""
+    if settings.api_key_env or _key_env(settings) is None:
+        return []
+    return [("api_key_env", "OPENAI_API_KEY")]
 
 
 class _Endpoint:
@@ -502,7 +502,13 @@ def openai_prices(model: str, settings: ModelSettings) -> bool:
     )
 
 
-@provider("openai", options=OpenAIOptions, check=check_openai_settings, prices=openai_prices)
+@provider(
+    "openai",
+    options=OpenAIOptions,
+    check=check_openai_settings,
+    prices=openai_prices,
+    environment=openai_environment,
+)
 def openai_factory(model: str, settings: ModelSettings) -> OpenAIModel:
     """OpenAI's API or any OpenAI-compatible server, on the official openai SDK."""
     try:  # here, not at the first call, so that its latency does not include the import

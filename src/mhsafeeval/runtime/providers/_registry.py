@@ -15,6 +15,7 @@ from ._resilient import Connections, ResilientClient
 from ._types import ModelClient, ModelSettings, ProviderUnavailable
 
 __all__ = [
+    "EnvironmentNames",
     "PriceCheck",
     "ProviderFactory",
     "ProviderInfo",
@@ -36,6 +37,11 @@ ProviderFactory = Callable[[str, ModelSettings], ModelClient]
 SettingsCheck = Callable[[str, ModelSettings], list[tuple[str, str]]]
 """``check(model, settings)``: what a provider can tell is wrong without calling anything, as
 ``(key path inside the model table, reason)`` pairs (``("provider", "no such model")``)."""
+
+EnvironmentNames = Callable[[str, ModelSettings], list[tuple[str, str]]]
+"""``environment(model, settings)``: the environment variables a table's model reads that the
+table does not name itself (``openai/`` on OpenAI reads ``OPENAI_API_KEY``), as ``(key path,
+variable)`` pairs: ``check`` warns when one is unset, ``run`` refuses to start."""
 
 PriceCheck = Callable[[str, ModelSettings], bool]
 """``prices(model, settings)``: whether the provider will price this table's calls
@@ -94,6 +100,9 @@ class ProviderInfo:
     prices: PriceCheck | None = None
     """Whether a table's calls get a price (see :data:`PriceCheck`); ``None``: not declared,
     and litellm's price map is asked by the model's name."""
+    environment: EnvironmentNames | None = None
+    """The environment variables a table reads without naming them (see
+    :data:`EnvironmentNames`)."""
 
 
 _declared: dict[str, ProviderInfo] = {}
@@ -106,6 +115,7 @@ def provider(
     options: type[msgspec.Struct] | None = None,
     check: SettingsCheck | None = None,
     prices: PriceCheck | None = None,
+    environment: EnvironmentNames | None = None,
 ) -> Callable[[F], F]:
     """Register a provider factory under ``prefix``, with what it accepts.
 
@@ -117,6 +127,8 @@ def provider(
             the key path). ``None``: options are not checked.
         check: more checks made without calling anything (see :data:`SettingsCheck`).
         prices: whether a table's calls will be priced (see :data:`PriceCheck`).
+        environment: the environment variables a table reads without naming them (see
+            :data:`EnvironmentNames`).
 
     Example:
         >>> import msgspec
@@ -138,7 +150,7 @@ def provider(
 
     def add(factory: F) -> F:
         register(factory)  # refuses a second factory unless replace
-        _declared[prefix] = ProviderInfo(factory, options, check, prices)
+        _declared[prefix] = ProviderInfo(factory, options, check, prices, environment)
         return factory
 
     return add
