@@ -11,7 +11,7 @@ from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import BudgetSection, parse_config
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import CampaignFinished, CounselorReply, Message, Usage
+from mhsafeeval.messages import CampaignFinished, CampaignStarted, CounselorReply, Message, Usage
 from mhsafeeval.runtime.providers import ChatMessage, Completion, ModelSettings, open_model
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import scripted_models
@@ -180,3 +180,20 @@ def test_a_stored_failure_is_priced_as_its_role_s_configured_model() -> None:
     failed = CallFailed(conversation="c", agent="refiner", model="m", error="no notes", usage=usage)
     resumed = Budget(BudgetSection(usd=100.0), [failed], _configured_model(config, [failed]))
     assert resumed.usd > 0.0
+
+
+def test_a_resumed_budget_never_prices_calls_its_run_left_unpriced() -> None:
+    """A run that priced its calls stored an unpriced one (an ``openai/`` table without
+    prices) on purpose: on resume it counts as unknown, as in the report, and is not priced by
+    the answering model's name from litellm's map (older runs' answers still are)."""
+    reply = CounselorReply(
+        conversation="c/m/p/0",
+        category="a",
+        role="x",
+        text="ok",
+        usage=Usage(model="gpt-4o-mini", prompt_tokens=10**6),
+    )
+    new = [CampaignStarted(campaign="c", priced_calls=True), reply]
+    assert Budget(BudgetSection(), new).usd == 0.0
+    old = [CampaignStarted(campaign="c"), reply]
+    assert Budget(BudgetSection(), old).usd > 0.0  # litellm's price of a million tokens

@@ -22,7 +22,7 @@ import anyio
 
 from mhsafeeval.config import BudgetSection, Config
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import Message, Usage
+from mhsafeeval.messages import CampaignStarted, Message, Usage
 from mhsafeeval.runtime.providers import (
     CallParams,
     ChatMessage,
@@ -100,11 +100,14 @@ class Budget:
         self.counselor_calls = totals["counselor"].calls if "counselor" in totals else 0
         spent: dict[tuple[str, str], list[int]] = {}  # priced once per model, not per message
         self.usd = 0.0
+        priced = False  # the run that stored what follows priced its calls (see RoleUsage)
         for msg in history:
+            if isinstance(msg, CampaignStarted):
+                priced = msg.priced_calls
             usage: Usage | None = getattr(msg, "usage", None)
             if usage is not None and usage.usd is not None:
                 self.usd += usage.usd  # what it was priced at when it was made
-            elif usage is not None:
+            elif usage is not None and not priced:  # stored before calls were priced
                 fallback = configured(msg) if configured is not None else ""
                 tally = spent.setdefault((usage.model, fallback), [0, 0])
                 tally[0] += usage.prompt_tokens
