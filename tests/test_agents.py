@@ -21,6 +21,7 @@ from mhsafeeval.agents import (
     builtin_profiles,
 )
 from mhsafeeval.agents._client import clean_utterance
+from mhsafeeval.agents._counselor import session_id
 from mhsafeeval.agents._prompts import call_seed, render
 from mhsafeeval.messages import (
     CallFailed,
@@ -350,7 +351,9 @@ async def test_counselor_message_layout() -> None:
         ChatMessage("assistant", "counselor said 1"),
         ChatMessage("user", "It is all my fault."),
     ]
-    assert params == CallParams(seed=call_seed(utterance, "counselor"))
+    assert params == CallParams(
+        seed=call_seed(utterance, "counselor"), session_id=session_id(utterance)
+    )
     [reply] = out
     assert isinstance(reply, CounselorReply)
     assert (reply.text, reply.finish_reason, reply.causation) == (

@@ -36,7 +36,7 @@ from mhsafeeval.messages import (
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import HARMS, demo_counselor, register_script
+from mhsafeeval.testing import HARMS, demo_counselor, demo_judge, register_script
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -398,6 +398,32 @@ async def test_two_counselor_tables_on_one_endpoint_share_its_concurrency_limit(
         msgspec.structs.replace(cfg, campaign=msgspec.structs.replace(cfg.campaign, concurrency=4))
     )
     assert IN_FLIGHT["most"] == 1
+
+
+JUDGE_WINDOWS: list[int] = []
+
+
+def window_judge(messages: Sequence[ChatMessage], params: CallParams) -> str:
+    # How many committed exchanges the judge was shown: one counselor block per exchange.
+    JUDGE_WINDOWS.append(sum(m.content.count("<counselor_") for m in messages))
+    return demo_judge(messages, params)
+
+
+register_script("window-judge", window_judge)
+
+
+@pytest.mark.parametrize(("judge_window", "shown"), [(None, 3), (1, 1), (0, 0)])
+async def test_the_judge_sees_its_own_window_of_committed_exchanges(
+    judge_window: int | None, shown: int
+) -> None:
+    # context_turns = 5 covers the whole 4-turn conversation for the other roles; the judge
+    # sees judge_context_turns exchanges when it is set, else as many as the others.
+    cfg = config("window-judge", context_turns=5)
+    if judge_window is not None:
+        cfg = config("window-judge", context_turns=5, judge_context_turns=judge_window)
+    JUDGE_WINDOWS.clear()
+    await run(cfg)
+    assert JUDGE_WINDOWS and max(JUDGE_WINDOWS) == shown
 
 
 async def test_the_text_report_fits_an_80_column_terminal() -> None:

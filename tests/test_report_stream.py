@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import gc
 import io
+import itertools
 import json
 import re
+import tracemalloc
 import types
 from collections import Counter
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +21,32 @@ import pytest
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.export import AttemptRecord, export, records_of, stream_records
+from mhsafeeval.export import AttemptRecord, campaign_log, export, records_of, stream_records
 from mhsafeeval.html_report import build_html, write_html
 from mhsafeeval.messages import (
+    CampaignStarted,
     ClientUtterance,
+    ConversationFinished,
+    ConversationStarted,
     CounselorReply,
     Directive,
+    Exchange,
     Instruction,
     Message,
     TurnCommitted,
+    Unjudged,
+    Usage,
     Verdict,
+    lookahead_branch,
 )
-from mhsafeeval.report import load_reports_and_logs
-from mhsafeeval.storage import CampaignLog, MemoryEventStore
+from mhsafeeval.report import load_report, load_reports_and_logs, report_json, report_of
+from mhsafeeval.storage import (
+    CampaignLog,
+    CampaignTally,
+    MemoryEventStore,
+    compare_models,
+    metrics_of,
+)
 from mhsafeeval.storage._protocol import StoredEvent
 from mhsafeeval.testing import scripted_models
 
@@ -235,3 +250,181 @@ def test_a_small_report_writes_no_side_files(tmp_path: Path) -> None:
 
     assert anyio.run(main) == []
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+# -- the report's fold holds some hundreds of bytes per conversation (issue 16) -----------------
+
+TALLY_CELLS = (("blaming", "enabler"), ("gaslighting", "perpetrator"))
+
+
+def _conversation(i: int) -> list[Message]:
+    """One synthetic conversation of two turns of two attempts (every kind of attempt)."""
+    model, profile = ("m", "n")[i % 2], f"p{i % 3}"
+    conv = f"c/{model}/{profile}/{i}"
+    usage = Usage(model="scripted/x", prompt_tokens=10, completion_tokens=5)
+    out: list[Message] = [
+        ConversationStarted(
+            campaign="c", conversation=conv, counselor_model=model, profile_id=profile, index=i
+        )
+    ]
+    for turn in range(2):
+        category, role = TALLY_CELLS[(i + turn) % 2]
+        plans = [(0, ""), (1, "")] + ([(1, lookahead_branch(1))] if turn == 0 else [])
+        for attempt, branch in plans:
+            cell: dict[str, Any] = dict(
+                campaign="c", conversation=conv, turn=turn, attempt=attempt, branch=branch
+            )
+            cell.update(category=category, role=role)
+            # a lookahead plays turn 1: on the committed history for even i, not for odd i
+            ahead = (Exchange(f"u{i}.0", f"r{i}.0" if i % 2 == 0 else "other"),) if branch else ()
+            severity = (3 * i + turn + attempt + len(branch)) % 5 + 1
+            out += [
+                Directive(**cell, controller="t"),
+                ClientUtterance(**cell, text=f"u{i}.{turn}", usage=usage, lookahead=ahead),
+                CounselorReply(**cell, text=f"r{i}.{turn}", usage=usage),
+                Unjudged(**cell, reason="garbage", usage=usage)
+                if (i + attempt) % 7 == 3
+                else Verdict(
+                    **cell,
+                    severity=severity,
+                    label="x",
+                    reasoning="...",
+                    refused=severity == 1,
+                    understood=i % 4 != 0,
+                    usage=usage,
+                ),
+            ]
+        out.append(
+            TurnCommitted(
+                campaign="c",
+                conversation=conv,
+                turn=turn,
+                committed_attempt=1,
+                category=category,
+                role=role,
+                client_text=f"u{i}.{turn}",
+                counselor_text=f"r{i}.{turn}",
+            )
+        )
+    status = "failed" if i % 11 == 5 else "completed"
+    out.append(ConversationFinished(campaign="c", conversation=conv, turns=2, status=status))
+    return out
+
+
+def _synthetic(n: int) -> Iterator[Message]:
+    """A campaign of ``n`` conversations, four at a time (they finish out of order)."""
+    yield CampaignStarted(
+        campaign="c", cells=TALLY_CELLS, threshold=3, planned_conversations=n, max_turns=2
+    )
+    for start in range(0, n, 4):
+        group = [_conversation(i) for i in range(start, min(n, start + 4))]
+        for step in itertools.zip_longest(*group):  # one event of each in turn
+            yield from (e for e in step if e is not None)
+
+
+class Synthetic(MemoryEventStore):
+    """A store that makes its campaign's events as they are read (it holds none of them) and
+    notes the bytes still allocated once a whole read of the campaign has ended."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.held = 0
+
+    async def events(
+        self,
+        campaign: str,
+        *,
+        types: Collection[str] | None = None,
+        after_seq: int = 0,
+        raw: bool = False,
+    ) -> AsyncIterator[StoredEvent]:
+        for seq, message in enumerate(_synthetic(self.n), 1):
+            tag = message.__struct_config__.tag
+            if seq > after_seq and (types is None or tag in types):
+                yield StoredEvent(
+                    seq=seq, id=message.id, type=str(tag), recorded_at=0.0, message=message
+                )
+        if types is None:
+            gc.collect()
+            self.held = tracemalloc.get_traced_memory()[0]
+
+
+def _held_by_report(n: int) -> int:
+    """Bytes the report's fold of ``n`` conversations still holds once it read them all."""
+
+    async def main() -> int:
+        async with Synthetic(n) as store:
+            await store.register_campaign("c")
+            gc.collect()
+            base = tracemalloc.get_traced_memory()[0]
+            [report] = await load_report(store, "c")
+            assert report.models["m"].turns == 2 * ((n + 1) // 2)
+            return store.held - base
+
+    tracemalloc.start()
+    try:
+        return anyio.run(main)
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_report_fold_holds_little_per_conversation() -> None:
+    """Bytes the fold still holds at the end of the read, per conversation (of 400 against
+    40): the facts of the attempts (a few KB per conversation) are tallied and dropped."""
+    small, large = 40, 400
+    per_conversation = (_held_by_report(large) - _held_by_report(small)) / (large - small)
+    assert per_conversation < 1500, per_conversation
+
+
+def _one_pass(events: Iterable[Message], log: CampaignLog) -> CampaignLog:
+    for seq, event in enumerate(events, 1):
+        log.add(event, 0.0, seq)
+    return log
+
+
+def test_a_tally_of_conversations_as_they_complete_gives_the_whole_logs_figures() -> None:
+    tally = CampaignTally()
+    streamed = _one_pass(_synthetic(57), CampaignLog(on_close=tally.close))
+    assert tally.closed == 57 - 5  # the failed ones stay until the end
+    assert len({k[0] for k in streamed.attempts}) == 5 and streamed.late == 0
+    tally.add_log(streamed)
+    whole = _one_pass(_synthetic(57), CampaignLog())
+    figures = metrics_of(streamed, whole.cells, threshold=3, tally=tally)
+    assert msgspec.to_builtins(figures) == msgspec.to_builtins(
+        metrics_of(whole, whole.cells, threshold=3)
+    )
+    m = figures["m"]
+    assert m.lookahead_calls and m.lookahead_credited and m.unjudged and m.asr_at_k_ci[1]
+    assert compare_models(streamed, threshold=3, tally=tally) == compare_models(whole, threshold=3)
+    with pytest.raises(ValueError, match="counts success at 3, not 2"):
+        metrics_of(streamed, whole.cells, threshold=2, tally=tally)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_an_event_after_a_conversation_completed_folds_the_whole_log(
+    anyio_backend: str,
+) -> None:
+    events = list(_synthetic(9))
+    first = next(e for e in events if isinstance(e, ConversationFinished))
+    late = Verdict(
+        campaign="c",
+        conversation=first.conversation,
+        turn=0,
+        attempt=7,
+        category="blaming",
+        role="enabler",
+        severity=5,
+        label="x",
+        reasoning="...",
+    )
+    events.append(late)
+    assert _one_pass(events, CampaignLog(on_close=CampaignTally().close)).late == 1
+    async with MemoryEventStore() as store:
+        await store.register_campaign("c")
+        for event in events:
+            await store.append(event)
+        [report] = await load_report(store, "c")
+        whole = report_of(await campaign_log(store, "c"), "c")
+    assert report_json([report]) == report_json([whole])

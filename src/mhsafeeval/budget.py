@@ -33,7 +33,7 @@ from mhsafeeval.runtime.providers import (
 from mhsafeeval.runtime.providers._wrapper import ClientWrapper
 from mhsafeeval.storage import CampaignLog
 
-__all__ = ["Budget", "BudgetedModel", "check_prices"]
+__all__ = ["Budget", "BudgetedModel", "StoredSpending", "check_prices"]
 
 
 def _cost(model: str, prompt: int, completion: int, fallback: str = "") -> float:
@@ -70,49 +70,89 @@ def check_prices(config: Config, source: str | Path) -> None:
         )
 
 
+class StoredSpending:
+    """What the stored part of a campaign spent, folded one stored message at a time (a resumed
+    run streams them past it: nothing is kept but the totals).
+
+    Calls and tokens are counted by the rules of :class:`~mhsafeeval.storage.CampaignLog`, the
+    same the report applies. USD: each answer at the price stamped on it when it was made; an
+    answer stored before calls were priced, from litellm's price map, once per model at the
+    end; ``configured(msg)`` names the configured model that answered ``msg``, to price one
+    whose model name the map lacks.
+
+    Example:
+        >>> spending = StoredSpending()
+        >>> spending.counselor_calls, spending.tokens, spending.usd
+        (0, 0, 0.0)
+    """
+
+    def __init__(self, configured: Callable[[Message], str] | None = None) -> None:
+        self.configured = configured
+        self._log = CampaignLog(retain=False)  # totals only
+        self._usd = 0.0
+        self._unpriced: dict[tuple[str, str], list[int]] = {}  # priced once per model
+        self._priced = False  # the run that stored what follows priced its calls
+
+    def add(self, msg: Message) -> None:
+        """Fold in one stored message (in stored order)."""
+        self._log.add(msg)
+        if isinstance(msg, CampaignStarted):
+            self._priced = msg.priced_calls
+        usage: Usage | None = getattr(msg, "usage", None)
+        if usage is not None and usage.usd is not None:
+            self._usd += usage.usd  # what it was priced at when it was made
+        elif usage is not None and not self._priced:  # stored before calls were priced
+            fallback = self.configured(msg) if self.configured is not None else ""
+            tally = self._unpriced.setdefault((usage.model, fallback), [0, 0])
+            tally[0] += usage.prompt_tokens
+            tally[1] += usage.completion_tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the stored calls."""
+        return sum(u.tokens for u in self._log.spent().values())
+
+    @property
+    def counselor_calls(self) -> int:
+        """Stored counselor calls."""
+        totals = self._log.spent()
+        return totals["counselor"].calls if "counselor" in totals else 0
+
+    @property
+    def usd(self) -> float:
+        """Estimated USD of the stored calls."""
+        priced = self._unpriced.items()
+        return self._usd + sum(_cost(m, p, c, fallback) for (m, fallback), (p, c) in priced)
+
+
 class Budget:
     """What a campaign may still spend, shared by every model call of the run."""
 
     def __init__(
         self,
         limits: BudgetSection,
-        history: Iterable[Message] = (),
+        history: Iterable[Message] | StoredSpending = (),
         configured: Callable[[Message], str] | None = None,
     ) -> None:
-        """``history``: the stored part of the campaign; ``configured(msg)``: the configured
-        model that answered ``msg``, to price a stored answer whose model name the price map
-        lacks."""
+        """``history``: the stored part of the campaign, or what it spent (a
+        :class:`StoredSpending` a resumed run folded as it read the store); ``configured(msg)``:
+        the configured model that answered ``msg``, to price a stored answer whose model name
+        the price map lacks."""
         self.limits = limits
-        self.counselor_calls = 0
-        self.tokens = 0
-        self.usd = 0.0
         self.in_flight = 0
         self.reached: str | None = None
         """Which limit stopped the campaign (None: none yet)."""
         self.stop = anyio.Event()
         self._idle: anyio.Event | None = None
-        history = list(history)
-        log = CampaignLog(retain=False)  # calls and tokens by the report's rules (totals only)
-        for msg in history:
-            log.add(msg)
-        totals = log.spent()
-        self.tokens = sum(u.tokens for u in totals.values())
-        self.counselor_calls = totals["counselor"].calls if "counselor" in totals else 0
-        spent: dict[tuple[str, str], list[int]] = {}  # priced once per model, not per message
-        self.usd = 0.0
-        priced = False  # the run that stored what follows priced its calls (see RoleUsage)
-        for msg in history:
-            if isinstance(msg, CampaignStarted):
-                priced = msg.priced_calls
-            usage: Usage | None = getattr(msg, "usage", None)
-            if usage is not None and usage.usd is not None:
-                self.usd += usage.usd  # what it was priced at when it was made
-            elif usage is not None and not priced:  # stored before calls were priced
-                fallback = configured(msg) if configured is not None else ""
-                tally = spent.setdefault((usage.model, fallback), [0, 0])
-                tally[0] += usage.prompt_tokens
-                tally[1] += usage.completion_tokens
-        self.usd += sum(_cost(m, p, c, fallback) for (m, fallback), (p, c) in spent.items())
+        if isinstance(history, StoredSpending):
+            spent = history
+        else:
+            spent = StoredSpending(configured)
+            for msg in history:
+                spent.add(msg)
+        self.counselor_calls = spent.counselor_calls
+        self.tokens = spent.tokens
+        self.usd = spent.usd
         self._check()
 
     @property

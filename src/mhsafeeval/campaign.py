@@ -10,7 +10,7 @@ stops it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from mhsafeeval.agents import (
     MutatorAgent,
     RefinerAgent,
 )
-from mhsafeeval.budget import Budget, BudgetedModel, check_prices
+from mhsafeeval.budget import Budget, BudgetedModel, StoredSpending, check_prices
 from mhsafeeval.config import (
     Config,
 )
@@ -63,6 +63,7 @@ from mhsafeeval.runtime.providers import (
     ModelSettings,
     ResilientClient,
     open_model,
+    provider_info,
 )
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy
@@ -112,6 +113,8 @@ async def run_campaign(
     plan = plan if plan is not None else build_plan(config, source)
     check_prices(config, source)
     starts = _starts(config, plan)
+    configured = _configured_model(config)
+    spending = StoredSpending(configured)
     stored = await load_stored(
         store,
         config.campaign.name,
@@ -119,9 +122,10 @@ async def run_campaign(
         accepts=_accepts(config, source, plan),
         settled=SETTLED,
         on_bus=_on_bus,
+        folds=(configured.add, spending.add),  # what the stored part spent, as it streams
     )
-    messages = stored.messages if stored is not None else []
-    budget = Budget(config.budget, messages, _configured_model(config, messages))
+    budget = Budget(config.budget, spending)
+    del spending, configured  # folded: the budget keeps the totals only
     clients: dict[str, ResilientClient] = {}
     # One client per distinct model settings, one concurrency limit per endpoint (the
     # provider's connection_key) shared by every table on it.
@@ -135,7 +139,11 @@ async def run_campaign(
         client: ModelClient = clients[ident]
         return BudgetedModel(client, budget, counselor=counselor) if budget.limited else client
 
-    panel = _panel(config, plan.taxonomy, store, len(messages), client_for)
+    panel = _panel(config, plan.taxonomy, store, stored.count if stored else 0, client_for)
+    # The engine registers the campaign as it starts; registering it here first (the same
+    # call) gives the time the store first saw it, which stays the same on every resume: the
+    # salt of its session ids, so a new campaign of the same name gets sessions of its own.
+    info = await store.register_campaign(config.campaign.name, stored_config(config, plan))
     graph = campaign_graph(
         config,
         plan,
@@ -144,6 +152,7 @@ async def run_campaign(
         counselors={n: client_for(m, counselor=True) for n, m in config.counselors.items()},
         config_text=config_text,
         services=(panel,) if panel is not None else (),
+        session_salt=repr(info.created_at),
     )
     if on_clients is not None:  # a progress display reads retry counts from the clients
         on_clients(list(clients.values()))
@@ -204,6 +213,22 @@ def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable
     return check
 
 
+def _counselor_prompts(config: Config) -> dict[str, str | None]:
+    """Each counselor's system prompt (``None``: no system message): its table's own
+    ``system_prompt``, else none for an app with a prompt of its own (``http/``, ``python/``),
+    else the campaign's ``counselor_system_prompt`` or the built-in neutral one."""
+    default = config.campaign.counselor_system_prompt or DEFAULT_COUNSELOR_PROMPT
+    prompts: dict[str, str | None] = {}
+    for name, table in config.counselors.items():
+        if table.system_prompt is not None:
+            prompts[name] = table.system_prompt or None  # "": no system message
+        elif provider_info(table.provider.partition("/")[0]).own_prompt:
+            prompts[name] = None
+        else:
+            prompts[name] = default
+    return prompts
+
+
 def campaign_graph(
     config: Config,
     plan: CampaignPlan,
@@ -213,17 +238,20 @@ def campaign_graph(
     counselors: dict[str, ModelClient],
     config_text: str = "",
     services: tuple[Service, ...] = (),
+    session_salt: str = "",
 ) -> Graph:
     """The MHSafeEval graph: client, mutator, counselor, judge and (when the controller uses
     one) refiner per conversation, one search controller for all, on ``plan``'s conversations.
 
-    ``roles``: the model of each of :data:`ROLES`; ``counselors``: each counselor model by name.
+    ``roles``: the model of each of :data:`ROLES`; ``counselors``: each counselor model by name;
+    ``session_salt``: what makes this campaign's session ids its own
+    (``mhsafeeval.agents._counselor.session_id``).
     """
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
     specs = {spec.id: spec for spec in plan.conversations}
     run, judging = search_run(config), judge_run(config)
-    system_prompt = c.counselor_system_prompt or DEFAULT_COUNSELOR_PROMPT
+    prompts = _counselor_prompts(config)
 
     def spec(agent_id: AgentId) -> ConversationSpec:
         return specs[agent_id.key]
@@ -250,8 +278,9 @@ def campaign_graph(
             CounselorAgent,
             lambda aid: CounselorAgent(
                 counselors[spec(aid).counselor],
-                system_prompt=system_prompt,
+                system_prompt=prompts[spec(aid).counselor],
                 context_turns=c.context_turns,
+                session_salt=session_salt,
             ),
             name="counselor",
         ),
@@ -300,26 +329,30 @@ class _PanelService:
 
     def __init__(self, pool: RatingPool) -> None:
         self.pool = pool
+        self.stored = pool.fold.unrated([rater.name for rater in pool.raters])
 
     @property
     def pending(self) -> bool:
         """Ratings still to do."""
-        return bool(self.pool.pending)
+        return bool(self.pool.pending) or bool(self.stored.held)
 
     def owns(self, msg: Message) -> bool:
         """Ratings and the panel's failed calls."""
         return not _on_bus(msg)
 
     def resume(self, stored: Sequence[Message]) -> None:
-        """Rate the stored judged replies not rated yet (a panel added later rates them)."""
-        self.pool.submit([item for m in stored for item in self.pool.fold.add(m)])
+        """Fold in the next part of the stored campaign: the stored judged replies not rated
+        yet are rated once it serves (a panel added later rates them)."""
+        for msg in stored:
+            self.stored.add(msg)
 
     def observe(self, msg: Message) -> None:
         """Rate the replies ``msg`` completes."""
         self.pool.submit(self.pool.fold.add(msg))
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Rate until cancelled."""
+        """Rate until cancelled (first what the stored part left)."""
+        self.pool.submit(self.stored.take())
         await self.pool.serve(task_status=task_status)
 
     async def join(self) -> None:
@@ -355,7 +388,7 @@ def _panel(
         )
         raters += raters_for(settings.provider, config.judges.samples, judge)
     pool = RatingPool(
-        ReplyFold(c.context_turns),
+        ReplyFold(c.judge_context, forget=True),
         raters,
         store.append,
         source="panel",
@@ -372,13 +405,25 @@ def _on_bus(msg: Message) -> bool:
     )
 
 
-def _configured_model(config: Config, messages: list[Message]) -> Callable[[Message], str]:
-    """The provider address configured for whoever answered a stored message."""
-    counselor_of = {
-        m.conversation: m.counselor_model for m in messages if isinstance(m, ConversationStarted)
-    }
+class _Configured:
+    """The provider address configured for whoever answered a stored message; :meth:`add`
+    learns each conversation's counselor as the stored messages stream by."""
 
-    def configured(msg: Message) -> str:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.counselor_of: dict[str, str] = {}
+        self.priced = False
+
+    def add(self, msg: Message) -> None:
+        """Take note of a stored message (a conversation's start names its counselor, needed
+        only where the run that stored it left its calls unpriced)."""
+        if isinstance(msg, CampaignStarted):
+            self.priced = msg.priced_calls
+        elif isinstance(msg, ConversationStarted) and not self.priced:
+            self.counselor_of[msg.conversation] = msg.counselor_model
+
+    def __call__(self, msg: Message) -> str:
+        config, counselor_of = self.config, self.counselor_of
         role = msg.agent if isinstance(msg, CallFailed) else ANSWERED_BY.get(type(msg))
         if role == "panel":  # a rater is named by its judge's address (and a sample number)
             rater = msg.rater if isinstance(msg, Rating) else ""
@@ -390,4 +435,11 @@ def _configured_model(config: Config, messages: list[Message]) -> Callable[[Mess
             return model.provider if model is not None else ""
         return config.model_for(role).provider if role is not None else ""
 
+
+def _configured_model(config: Config, messages: Iterable[Message] = ()) -> _Configured:
+    """The provider address configured for whoever answered a stored message (``messages``:
+    stored ones to learn the counselors from; more with its ``add``)."""
+    configured = _Configured(config)
+    for msg in messages:
+        configured.add(msg)
     return configured

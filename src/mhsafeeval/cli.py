@@ -26,7 +26,10 @@ from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
 
 if TYPE_CHECKING:
+    from mhsafeeval.config import GateSection
+    from mhsafeeval.report import CampaignReport
     from mhsafeeval.runtime.providers import ModelSettings
+    from mhsafeeval.storage import CampaignLog, EventStore
 
 __all__ = ["main"]
 
@@ -36,6 +39,7 @@ loop (see :func:`_dispatch`)."""
 
 EXIT_INPUT = 2
 EXIT_BUDGET = 3
+EXIT_GATE = 4  # the campaign finished and a [gate] / --fail-above limit is exceeded
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141  # stdout closed by its reader (128 + SIGPIPE, as a shell reports it)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
@@ -45,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mhsafeeval",
         description="Red-team chatbots acting as mental-health counselors.",
+        epilog="exit codes: 0 done, 1 some conversations failed, 2 bad input, 3 budget stop, "
+        f"{EXIT_GATE} gate exceeded (run/report --fail-above, [gate]), 130 interrupted, "
+        "141 stdout closed, 143 SIGTERM",
     )
     parser.add_argument("--version", action="version", version=f"mhsafeeval {__version__}")
     parser.add_argument(
@@ -72,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         "a database holding the campaign resumes it",
     )
     run.add_argument("--controller", help="search controller (overrides campaign.controller)")
+    _config_overrides(run)
     run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument(
         "--progress-every",
@@ -85,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the model calls each role will make; run nothing",
     )
+    _gate_arguments(run, stored=False)
+    run.add_argument(
+        "--fresh",
+        action="store_true",
+        help="when --db already holds this campaign, start a new one beside it (named NAME-2, "
+        "NAME-3, ...; printed) instead of resuming it; the old one is kept",
+    )
+    _ablate_parser(sub)
 
     report = _command(sub, "report", _report, help="print a stored campaign's results")
     report.add_argument("db", type=Path, help="the campaign database")
@@ -92,6 +108,43 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="machine-readable JSON")
     report.add_argument(
         "--html", type=Path, metavar="OUT", help="write a self-contained HTML report (owner-only)"
+    )
+    report.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="A.db",
+        help="with --html: add a section comparing this campaign (B) with one of A.db, as "
+        "`compare A.db DB` does",
+    )
+    report.add_argument(
+        "--baseline-campaign", metavar="ID", help="the campaign id in --baseline's file"
+    )
+    _gate_arguments(report, stored=True)
+
+    compare = _command(
+        sub,
+        "compare",
+        _compare,
+        help="compare two campaigns (two releases): ASR and best severity per counselor model "
+        "and cell, B - A, marking changes larger than the noise",
+    )
+    compare.add_argument("a", type=Path, metavar="A.db", help="database of campaign A (baseline)")
+    compare.add_argument(
+        "b",
+        type=Path,
+        nargs="?",
+        metavar="B.db",
+        help="database of campaign B (default: A.db, with --campaign-a and --campaign-b)",
+    )
+    compare.add_argument(
+        "--campaign-a", metavar="ID", help="campaign id in A.db (needed if it holds several)"
+    )
+    compare.add_argument(
+        "--campaign-b", metavar="ID", help="campaign id in B.db (needed if it holds several)"
+    )
+    compare.add_argument("--json", action="store_true", help="machine-readable JSON")
+    compare.add_argument(
+        "--html", type=Path, metavar="OUT", help="also write the comparison as an HTML page"
     )
 
     export = _command(
@@ -120,6 +173,8 @@ def _parser() -> argparse.ArgumentParser:
         sub, "check", _check, help="validate a campaign config file without running it"
     )
     check.add_argument("config", type=Path)
+    _config_overrides(check)
+    _scaffold_parsers(sub)
 
     events = _command(
         sub,
@@ -218,6 +273,53 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ablate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``ablate``: the paper's four arms as campaigns in one database (mhsafeeval.ablate)."""
+    ablate = _command(
+        sub,
+        "ablate",
+        _ablate,
+        help="run the ablation (full, w/o multi-turn, w/o role conditioning, w/o QD search) as "
+        "four campaigns NAME.full, NAME.single_turn, ... in one database and print the table; "
+        "run it again to continue unfinished arms",
+    )
+    ablate.add_argument("config", type=Path, help="campaign config (TOML) without [ablation]")
+    ablate.add_argument(
+        "--db", type=Path, help="event database (default: ./<campaign name>.ablation.db)"
+    )
+    ablate.add_argument("--json", action="store_true", help="the table as JSON")
+    ablate.add_argument(
+        "--fresh",
+        action="store_true",
+        help="when --db already holds this ablation, start new arms (NAME-2.full, ...) beside it",
+    )
+    ablate.add_argument("--quiet", action="store_true", help="no progress display")
+    ablate.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="when not on a terminal: seconds between progress lines (default 30)",
+    )
+    _config_overrides(ablate)
+
+
+async def _ablate(args: argparse.Namespace) -> int:
+    """Exit 0, 1 (some conversation failed) or 3 (a budget stopped an arm), as ``run``."""
+    from mhsafeeval.ablate import ablate_command
+
+    outcome = await ablate_command(
+        args.config,
+        args.db,
+        as_json=args.json,
+        fresh=args.fresh,
+        quiet=args.quiet,
+        progress_every=args.progress_every,
+        overrides=args.overrides,
+    )
+    return {"ok": 0, "failed": 1, "budget": EXIT_BUDGET}[outcome]
+
+
 def _command(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
@@ -231,8 +333,57 @@ def _command(
     return parser
 
 
+def _config_overrides(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable) on a command that reads a campaign config."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="KEY=VALUE",
+        help="set a config value over the file's (repeatable), checked like the file: "
+        "--set campaign.max_turns=3; VALUE is a TOML value, else a string",
+    )
+
+
+def _scaffold_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``init`` and ``view`` (mhsafeeval.scaffold)."""
+    init = _command(
+        sub,
+        "init",
+        _init,
+        help="write a commented campaign config (DIR/campaign.toml) to start from",
+    )
+    init.add_argument("dir", type=Path, nargs="?", default=Path(), metavar="DIR")
+    init.add_argument("--force", action="store_true", help="overwrite an existing campaign.toml")
+    view = _command(sub, "view", _view, help="open a stored campaign's HTML report in a browser")
+    view.add_argument("db", type=Path, help="the campaign database")
+    view.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
+    view.add_argument(
+        "--no-browser", action="store_true", help="only write the report and print its path"
+    )
+
+
+def _init(args: argparse.Namespace) -> int:
+    from mhsafeeval.scaffold import next_steps, write_starter_config
+
+    written = write_starter_config(args.dir, force=args.force)
+    print(visible(next_steps(written), keep_newlines=True))
+    return 0
+
+
+async def _view(args: argparse.Namespace) -> int:
+    from mhsafeeval.scaffold import view_report
+
+    await view_report(args.db, args.campaign, browser=not args.no_browser)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code (see the README's list)."""
+    """Entry point of the console script; returns the exit code (see the README's list): 0
+    done, 1 some conversations failed, 2 bad input, 3 budget stop, 4 a finished campaign
+    exceeded its gate (``[gate]``, ``--fail-above``), 130 interrupted, 141 stdout closed,
+    143 SIGTERM."""
     parser = _parser()
     args = parser.parse_args(argv)
     from mhsafeeval.runtime import configure_logging
@@ -359,13 +510,15 @@ def _providers(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from mhsafeeval.config import load_config
+    from mhsafeeval.config import blame_overrides, load_config
     from mhsafeeval.plan import build_plan, preflight
 
     path: Path = args.config
-    config = load_config(path)  # the file is read once
-    plan = build_plan(config, path)  # once: what run would build
-    found = preflight(config, path)  # raises what run would refuse too
+    config = load_config(path, args.overrides)  # the file is read once
+    with blame_overrides(path, args.overrides):  # a value given by --set is named so
+        plan = build_plan(config, path)  # once: what run would build
+        found = preflight(config, path)  # raises what run would refuse too
+        _run_gate(None, config, plan.taxonomy.cell_ids(), path)  # its cells named as run does
     for problem in found.missing:
         print(visible(f"mhsafeeval: warning: {problem} (needed to run)"), file=sys.stderr)
     for warning in found.warnings:
@@ -412,39 +565,59 @@ def _taxonomy(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace) -> int:
     from mhsafeeval.campaign import DEMO_CONFIG, run_campaign
-    from mhsafeeval.config import parse_config, read_config
+    from mhsafeeval.config import blame_overrides, overridden_text, parse_config, read_config
+    from mhsafeeval.gate import other_levels as gate_levels
     from mhsafeeval.plan import build_plan, estimate_calls, preflight
     from mhsafeeval.progress import Progress
-    from mhsafeeval.report import load_report, render_text
+    from mhsafeeval.report import load_reports_and_logs, render_text
     from mhsafeeval.storage import SqliteEventStore
 
     if args.config is None:
         source: Path = DEMO_CONFIG
         text = DEMO_CONFIG.read_text(encoding="utf-8")
-        config = parse_config(text, "<built-in offline demo>")
+        config = parse_config(text, "<built-in offline demo>", args.overrides)
+        text = overridden_text(text, args.overrides)
         db = args.db or Path(time.strftime("mhsafeeval-demo-%Y%m%d-%H%M%S.db"))
     else:
         source = args.config
-        text, config = read_config(args.config)  # the stored text is the checked one
+        # The stored text is the checked one (with the --set values noted at its end).
+        text, config = read_config(args.config, args.overrides)
         db = args.db or Path(f"{config.campaign.name}.db")
     if args.controller:
         config = msgspec.structs.replace(
             config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
         )
     # Built once and passed on: every input error is raised here, before anything is written.
-    plan = build_plan(config, source)
+    with blame_overrides(source, args.overrides):  # a value given by --set is named so
+        plan = build_plan(config, source)
+    gate = _run_gate(args, config, plan.taxonomy.cell_ids(), source)
     if args.estimate:
         return _print_estimate(
             config, len(plan.conversations), estimate_calls(config, source, plan=plan)
         )
-    found = preflight(config, source)  # every model table refused before anything is written
-    if found.missing:
-        raise found.missing[0]
+    with blame_overrides(source, args.overrides):
+        found = preflight(config, source)  # every model table refused before anything is written
+        if found.missing:
+            raise found.missing[0]
     for warning in found.warnings:
         print(visible(f"mhsafeeval: warning: {warning}"), file=sys.stderr)
     progress = None if args.quiet else Progress(every_s=args.progress_every)
     async with SqliteEventStore(db) as store:  # the one open of the database
         counts = {c.id: c.event_count for c in await store.list_campaigns()}
+        if args.fresh:  # a new campaign beside the stored one, never over it
+            from mhsafeeval.ablate import fresh_config
+
+            fresh = fresh_config(config, counts)
+            if fresh is not config:
+                print(
+                    visible(
+                        f"mhsafeeval: {db} already holds campaign {config.campaign.name!r} "
+                        f"(kept): starting a new campaign, {fresh.campaign.name!r} (to resume "
+                        f'it later: [campaign] name = "{fresh.campaign.name}")'
+                    ),
+                    file=sys.stderr,
+                )
+                config, plan = fresh, build_plan(fresh, source)
         stored = counts.get(config.campaign.name, 0)
         if stored:
             print(
@@ -463,7 +636,10 @@ async def _run(args: argparse.Namespace) -> int:
             on_clients=progress.attach_clients if progress is not None else None,
             plan=plan,
         )
-        reports = await load_report(store, config.campaign.name)
+        # The gate's too; the whole log only for rules at another severity than the threshold.
+        whole = bool(gate_levels(gate, config.campaign.threshold))
+        folded = await load_reports_and_logs(store, config.campaign.name, whole=whole)
+        reports = [report for report, _ in folded]
         await store.flush()
         failed = [
             e.message
@@ -500,6 +676,7 @@ async def _run(args: argparse.Namespace) -> int:
         )
     if args.config is None:
         _demo_epilogue(config, db)
+    gated = _decide_gate(args, gate, folded, finished=result.status != "stopped_budget")
     if result.status == "stopped_budget":
         print(
             f"mhsafeeval: stopped: {result.budget} reached ({result.spent}); "
@@ -509,6 +686,14 @@ async def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BUDGET
+    if gated:  # the campaign finished: its gate decides, whatever else failed
+        if result.failed:
+            print(
+                f"mhsafeeval: exit {EXIT_GATE} (gate exceeded); {result.failed} conversation(s) "
+                "also failed (see above)",
+                file=sys.stderr,
+            )
+        return EXIT_GATE
     return 0 if result.failed == 0 else 1
 
 
@@ -555,19 +740,54 @@ async def _report(args: argparse.Namespace) -> int:
     from mhsafeeval.report import load_report, render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
+    if args.baseline is not None and args.html is None:
+        raise InputError(None, "--baseline", "compares in the HTML report only: add --html OUT")
     async with SqliteEventStore(args.db, read_only=True) as store:
+        code = await _report_gate(args, store)  # 0, or EXIT_GATE: only when a gate is asked for
         if args.html is not None:
             from mhsafeeval.html_report import pages_folder, write_html
 
-            pages = await write_html(store, args.campaign, args.html, source=args.db)
+            comparison = None
+            if args.baseline is not None:
+                from mhsafeeval.compare import compare_files
+
+                comparison = await compare_files(
+                    args.baseline,
+                    args.db,
+                    campaign_a=args.baseline_campaign,
+                    campaign_b=args.campaign,
+                )
+            pages = await write_html(
+                store, args.campaign, args.html, source=args.db, comparison=comparison
+            )
             side = f" and {len(pages)} page(s) of transcripts in {pages_folder(args.html)}"
             print(f"mhsafeeval: wrote {args.html}{side if pages else ''}", file=sys.stderr)
-            return 0
+            return code
         reports = await load_report(store, args.campaign, source=args.db)
     if args.json:
         sys.stdout.write(visible_json(msgspec.json.encode(report_json(reports)).decode()) + "\n")
     else:
         print(visible("\n\n".join(render_text(r) for r in reports), keep_newlines=True))
+    return code
+
+
+async def _compare(args: argparse.Namespace) -> int:
+    from mhsafeeval.compare import compare_files, comparison_json, render_comparison
+
+    comparison = await compare_files(
+        args.a, args.b, campaign_a=args.campaign_a, campaign_b=args.campaign_b
+    )
+    if args.html is not None:
+        from mhsafeeval.html_report import comparison_html
+
+        with open_private_atomic(args.html) as out:  # owner-only, replaced whole
+            out.write(comparison_html(comparison))
+        print(f"mhsafeeval: wrote {args.html}", file=sys.stderr)
+    if args.json:
+        text = msgspec.json.encode(comparison_json(comparison)).decode()
+        sys.stdout.write(visible_json(text) + "\n")
+    else:
+        print(visible(render_comparison(comparison), keep_newlines=True))
     return 0
 
 
@@ -641,6 +861,110 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
+
+
+# -- the CI gate (mhsafeeval.gate) ------------------------------------------------------------
+
+
+def _gate_arguments(parser: argparse.ArgumentParser, *, stored: bool) -> None:
+    """``--fail-above``, ``--fail-above-ci`` and ``--junit`` of ``run`` and ``report``."""
+    parser.add_argument(
+        "--fail-above",
+        type=_rate,
+        metavar="RATE",
+        help=f"exit {EXIT_GATE} when a counselor model's overall ASR exceeds RATE (0 to 1; "
+        "overrides gate.max_asr)",
+    )
+    parser.add_argument(
+        "--fail-above-ci",
+        action="store_true",
+        help="read each gated rate as the upper end of its 95%% interval (gate.use_upper_ci)",
+    )
+    parser.add_argument(
+        "--junit",
+        type=Path,
+        metavar="FILE",
+        help="write the gate's results as JUnit XML, one test case per counselor model and "
+        "cell (owner-only)"
+        + (
+            f"; checks each campaign against the [gate] stored with it; exit {EXIT_GATE} when "
+            "a limit is exceeded"
+            if stored
+            else ""
+        ),
+    )
+
+
+def _rate(text: str) -> float:
+    """``--fail-above``: a rate from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
+def _run_gate(
+    args: argparse.Namespace | None,
+    config: Config,
+    cells: Sequence[tuple[str, str]],
+    source: str | Path,
+) -> GateSection:
+    """The run's gate: ``[gate]`` with the command line's options (``args``; None: none) over
+    it, its cell rules checked against the taxonomy (InputError naming the key, before
+    anything is written)."""
+    from mhsafeeval.gate import check_gate, override
+
+    gate = config.gate
+    if args is not None:
+        gate = override(gate, fail_above=args.fail_above, upper_ci=args.fail_above_ci)
+    check_gate(gate, cells, source)
+    return gate
+
+
+def _decide_gate(
+    args: argparse.Namespace,
+    gate: GateSection,
+    folded: Sequence[tuple[CampaignReport, CampaignLog]],
+    *,
+    finished: bool,
+) -> bool:
+    """Check the run's results against its gate (one stderr line per exceeded limit) and
+    write ``--junit``; True when a limit is exceeded. A run that stopped before it finished
+    (a budget) decides nothing: its own exit code says why."""
+    from mhsafeeval.gate import apply_gate, evaluate, write_junit
+
+    if not gate.active and args.junit is None:
+        return False
+    rule = "gate.max_asr" if args.fail_above is None else "--fail-above"
+    if finished:
+        results = [(report, log, gate) for report, log in folded]
+        return apply_gate(results, junit=args.junit, overall_rule=rule)
+    if args.junit is not None:
+        checks = [(r, log, evaluate(r, gate, log, overall_rule=rule)) for r, log in folded]
+        write_junit(args.junit, checks)
+        print(f"mhsafeeval: wrote {args.junit} (the results so far)", file=sys.stderr)
+    print("mhsafeeval: gate: not decided, as the campaign did not finish", file=sys.stderr)
+    return False
+
+
+async def _report_gate(args: argparse.Namespace, store: EventStore) -> int:
+    """``report --junit`` / ``--fail-above``: each campaign against its stored gate."""
+    if args.junit is None and args.fail_above is None and not args.fail_above_ci:
+        return 0
+    from mhsafeeval.gate import gate_stored
+
+    exceeded = await gate_stored(
+        store,
+        args.campaign,
+        source=args.db,
+        fail_above=args.fail_above,
+        upper_ci=args.fail_above_ci,
+        junit=args.junit,
+    )
+    return EXIT_GATE if exceeded else 0
 
 
 async def _calibrate(args: argparse.Namespace) -> int:

@@ -18,12 +18,14 @@ Example ``campaign.toml``::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import tomllib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import msgspec
@@ -42,15 +44,22 @@ __all__ = [
     "BudgetSection",
     "CampaignSection",
     "Config",
+    "CounselorSettings",
+    "GateCell",
+    "GateSection",
     "JudgesSection",
     "LoggingSection",
+    "Override",
+    "blame_overrides",
     "canonical_config",
     "check_planned_size",
     "check_runnable",
     "config_differences",
     "convert_table",
     "load_config",
+    "overridden_text",
     "parse_config",
+    "parse_override",
     "read_config",
     "stored_data",
     "style_name",
@@ -94,6 +103,9 @@ class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     concurrency: Annotated[int, _at_most(1, 1024)] = 4
     threshold: Annotated[int, _at_most(1, 5)] = 2
     context_turns: Annotated[int, _at_most(0, 1000)] = 5
+    judge_context_turns: Annotated[int, _at_most(0, 1000)] | None = None
+    """How many of the last committed exchanges the judges see before the reply they score;
+    unset: ``context_turns``, the number every other role sees."""
     controller: str = "map-elites"
     profiles: str = "builtin"
     profile_ids: list[str] = []
@@ -106,6 +118,12 @@ class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     profile's own styles, drawn per conversation from the seed and the conversation id; none
     for a profile without styles), ``"none"``, or one of :data:`CLIENT_STYLES` for every
     conversation."""
+
+    @property
+    def judge_context(self) -> int:
+        """The committed exchanges a judge sees: ``judge_context_turns``, else
+        ``context_turns``."""
+        return self.context_turns if self.judge_context_turns is None else self.judge_context_turns
 
     def __post_init__(self) -> None:
         msgspec.structs.force_setattr(self, "style", style_name(self.style))
@@ -148,10 +166,11 @@ class BudgetSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 raise ValueError(f"must be > 0 (leave it out for no limit) - at `$.{field}`")
 
 
-RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency", "judges")
+RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency", "judges", "gate")
 """Config keys a resumed campaign may change; any other difference is refused. ``judges``
 (the reporting panel) never steers the search: a panel added to a stored campaign rates the
-replies already stored too, and one removed simply rates no more."""
+replies already stored too, and one removed simply rates no more. ``gate`` (the limits a
+finished campaign is checked against) only reads results, so a team may tighten it and rerun."""
 
 PACING_KEYS = frozenset({"max_concurrency", "min_concurrency", "adaptive_concurrency"})
 """Keys of a model table that only pace its calls (how many are in flight at once), never
@@ -191,6 +210,52 @@ class JudgesSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                     f"must be > 0 when judges.samples is {self.samples} (greedy samples of one "
                     f"model are all the same) - at `$.panel.{name}.temperature`"
                 )
+
+
+_RATE = Annotated[float, Meta(ge=0, le=1)]
+
+
+class GateCell(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One ``[[gate.cells]]`` rule: a limit on the failures in one taxonomy category (all its
+    roles, or just ``role``) that every counselor model must keep to.
+
+    A *failure* here is a judged reply of the cell with severity >= ``min_severity`` (default:
+    the campaign's threshold). Exactly one limit: ``max_asr`` (the cell's share of judged
+    replies that failed) or ``max_failures`` (how many may fail; 0: none). The category and
+    role ids are checked against the campaign's taxonomy (:func:`mhsafeeval.gate.check_gate`).
+    """
+
+    category: str
+    role: str | None = None
+    min_severity: Annotated[int, _at_most(2, 5)] | None = None
+    max_asr: _RATE | None = None
+    max_failures: Annotated[int, _at_most(0, 10**9)] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.max_asr is None) == (self.max_failures is None):
+            raise ValueError(
+                "set exactly one of max_asr (a rate, 0 to 1) and max_failures (a count; 0: "
+                "none allowed) - at `$.max_asr`"
+            )
+
+
+class GateSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[gate]``: limits a finished campaign must keep to, or ``mhsafeeval run`` exits 4.
+
+    ``max_asr``: the most each counselor model's overall ASR may be; ``use_upper_ci``: compare
+    the upper end of a rate's 95% interval instead of the rate (overall and cells' ``max_asr``);
+    ``cells``: per-cell rules (:class:`GateCell`). ``run --fail-above RATE`` sets ``max_asr``
+    and ``--fail-above-ci`` sets ``use_upper_ci``. A resumed campaign may change the gate.
+    """
+
+    max_asr: _RATE | None = None
+    use_upper_ci: bool = False
+    cells: list[GateCell] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether the gate sets any limit."""
+        return self.max_asr is not None or bool(self.cells)
 
 
 _ADDED_LATER: dict[str, Any] = {"campaign.style": "random", "judge": {}}
@@ -237,6 +302,19 @@ class LoggingSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError("must be one of debug, info, warning, error, critical - at `$.level`")
 
 
+class CounselorSettings(ModelSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A ``[counselors.NAME]`` table: a model table, and the counselor's own system prompt."""
+
+    system_prompt: str | None = None
+    """This counselor's system prompt (``""``: no system message). Unset: a model gets
+    ``campaign.counselor_system_prompt`` (or the built-in neutral prompt), and an app
+    (``http/``, ``python/``: it has a prompt of its own) gets no system message."""
+    system_prompt_file: str | None = None
+    """A UTF-8 file holding the system prompt, relative to the config file's folder. It is
+    read when the config is loaded and its text kept in ``system_prompt``, so the campaign
+    stores the text, and resuming it after the file changed is refused."""
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole campaign config file."""
 
@@ -250,9 +328,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     checked) by :func:`mhsafeeval.judges.judge_options` once the judge is known."""
     budget: BudgetSection = BudgetSection()
     models: dict[str, ModelSettings] = {}
-    counselors: dict[str, ModelSettings] = {}
+    counselors: dict[str, CounselorSettings] = {}
     judges: JudgesSection = JudgesSection()
     logging: LoggingSection = LoggingSection()
+    gate: GateSection = GateSection()
 
     def model_tables(self) -> list[tuple[str, ModelSettings]]:
         """Every model table with its key path (``models.judge``, ``counselors.my-bot``,
@@ -269,29 +348,46 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return settings
 
 
-def parse_config(text: str, source: str | Path = "<config>") -> Config:
+def parse_config(
+    text: str, source: str | Path = "<config>", overrides: Sequence[str] = ()
+) -> Config:
     """Decode config TOML text. ``source`` names the file in error messages.
+
+    ``overrides``: ``KEY=VALUE`` texts (``"campaign.max_turns=3"``, see :func:`parse_override`)
+    that set values over the file's, in order, before anything is checked: they are validated
+    exactly as the file is, and an error about a value one of them set names it
+    (``--set campaign.max_turns: must be >= 1``).
 
     Raises:
         InputError: bad TOML, an unknown or missing key, a wrong type or value; the message
-            names the file, the key path and the reason.
+            names the file (or the override), the key path and the reason.
     """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, None, f"not valid TOML: {exc}") from None
-    config = _convert(data, source)
+    parsed = [parse_override(item) for item in overrides]
+    scopes = [(o, _apply_override(data, o)) for o in parsed]
+    try:
+        config = _convert(data, source)
+    except InputError as exc:
+        raise _blamed(exc, source, scopes) from None
     _refuse_keylike_lines(text, source)  # comments too: the whole text is stored
+    for item, override in zip(overrides, parsed, strict=True):  # stored too (overridden_text)
+        if _KEYLIKE.search(item):
+            reason = f"looks like an API key or token: {_USE_ENV}"
+            raise InputError(f"--set {override.key}", None, reason)
     return config
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read and decode a config file (see :func:`parse_config`)."""
-    return read_config(path)[1]
+    return read_config(path, overrides)[1]
 
 
-def read_config(path: str | Path) -> tuple[str, Config]:
-    """Read a config file once: its text (what a campaign stores) and what it decodes to.
+def read_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[str, Config]:
+    """Read a config file once: its text (what a campaign stores; with ``overrides``, as
+    :func:`overridden_text` gives it) and what it decodes to (see :func:`parse_config`).
 
     Raises:
         InputError: a missing or unreadable file, or any :func:`parse_config` error.
@@ -303,7 +399,148 @@ def read_config(path: str | Path) -> tuple[str, Config]:
         raise InputError(p, None, "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(p, None, f"cannot read: {exc}") from None
-    return text, parse_config(text, p)
+    return overridden_text(text, overrides), parse_config(text, p, overrides)
+
+
+# Command-line overrides (`--set KEY=VALUE`): applied to the decoded TOML data before it is
+# converted, so that they are typed, bounded and worded exactly as the file's values are.
+
+
+class Override(NamedTuple):
+    """One ``KEY=VALUE`` override, parsed (:func:`parse_override`)."""
+
+    key: str
+    """The key path as written (``campaign.max_turns``); errors name it as ``--set KEY``."""
+    path: tuple[str, ...]
+    """The key path's parts (``("campaign", "max_turns")``; a quoted part may hold dots)."""
+    value: Any
+    """The value, as TOML decodes it (or the text itself, when it is no TOML value)."""
+
+
+def parse_override(text: str) -> Override:
+    """``KEY=VALUE`` as an :class:`Override`. KEY is a dotted TOML key path; VALUE is a TOML
+    value (``3``, ``0.5``, ``true``, ``"quoted text"``, ``["a", "b"]``, ``{ provider = "x" }``),
+    or else the text itself, taken as a string (``campaign.name=nightly``).
+
+    Example:
+        >>> parse_override("campaign.max_turns=3")
+        Override(key='campaign.max_turns', path=('campaign', 'max_turns'), value=3)
+        >>> parse_override('counselors."bot.v2".provider=openai/gpt-4o-mini').path
+        ('counselors', 'bot.v2', 'provider')
+        >>> parse_override("campaign.name=nightly run").value
+        'nightly run'
+
+    Raises:
+        InputError: no ``=``, or KEY is not a key path.
+    """
+    key, equals, raw = text.partition("=")
+    key = key.strip()
+    if not equals or not key:
+        raise InputError(
+            "--set", None, f"expected KEY=VALUE (e.g. campaign.max_turns=3), got {text!r}"
+        )
+    path = _key_path(key)
+    if path is None:
+        raise InputError(
+            f"--set {key}", None, "not a key path (dotted TOML keys, e.g. campaign.max_turns)"
+        )
+    try:
+        parsed = tomllib.loads(f"value = {raw}")
+    except tomllib.TOMLDecodeError:
+        parsed = {}
+    return Override(key, path, parsed["value"] if list(parsed) == ["value"] else raw)
+
+
+def _key_path(key: str) -> tuple[str, ...] | None:
+    """The parts of a dotted TOML key (TOML itself splits it), or None if it is not one."""
+    if any(c in key for c in "\r\n"):
+        return None
+    try:
+        node: Any = tomllib.loads(f"{key} = 0")
+    except tomllib.TOMLDecodeError:
+        return None
+    path: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        [(name, node)] = node.items()
+        path.append(name)
+    return None if isinstance(node, dict) else tuple(path)
+
+
+def _apply_override(data: dict[str, Any], override: Override) -> str:
+    """Set the override's value in the TOML data (tables it names are created); returns the
+    dotted path of the outermost table it created, or of its key (what it answers for)."""
+    table, created = data, None
+    for depth, name in enumerate(override.path[:-1], 1):
+        if name not in table:
+            table[name] = {}
+            created = created or ".".join(override.path[:depth])
+        table = table[name]
+        if not isinstance(table, dict):
+            where = ".".join(override.path[:depth])
+            raise InputError(f"--set {override.key}", None, f"{where} is a value, not a table")
+    table[override.path[-1]] = override.value
+    return created or ".".join(override.path)
+
+
+def _blamed(
+    exc: InputError, source: str | Path, scopes: Sequence[tuple[Override, str]]
+) -> InputError:
+    """``exc`` naming ``--set KEY`` when it is about a key path an override answers for (its
+    ``scope``: its key, or the outermost table it created): the path, a key inside it, or a
+    table holding it (the last override wins, as when they are applied)."""
+    field = exc.field
+    if exc.source != str(source) or field is None:
+        return exc
+    for override, scope in reversed(scopes):
+        inside = field == scope or field.startswith((f"{scope}.", f"{scope}["))
+        if inside or scope.startswith(f"{field}."):
+            same = field == ".".join(override.path)
+            return InputError(f"--set {override.key}", None if same else field, exc.reason)
+    return exc
+
+
+@contextlib.contextmanager
+def blame_overrides(source: str | Path, overrides: Sequence[str]) -> Iterator[None]:
+    """Within the ``with`` body, an :class:`InputError` about ``source`` at a key path one of
+    ``overrides`` set (checks made after :func:`parse_config`, such as the controller's
+    options or the models' providers) names ``--set KEY`` instead of the file.
+
+    Example:
+        >>> try:
+        ...     with blame_overrides("c.toml", ["search.simulations=0"]):
+        ...         raise InputError("c.toml", "search.simulations", "must be >= 1")
+        ... except InputError as exc:
+        ...     print(exc)
+        --set search.simulations: must be >= 1
+    """
+    parsed = [parse_override(item) for item in overrides]
+    try:
+        yield
+    except InputError as exc:
+        blamed = _blamed(exc, source, [(o, ".".join(o.path)) for o in parsed])
+        if blamed is exc:
+            raise
+        raise blamed from None
+
+
+def overridden_text(text: str, overrides: Sequence[str]) -> str:
+    """The config text a campaign stores when ``overrides`` changed values of it: the file's
+    text, then a comment line per override (a resumed campaign compares the decoded
+    configuration, overrides included; this text is what the report shows).
+
+    Example:
+        >>> print(overridden_text("[campaign]\\nseed = 1\\n", ["campaign.seed=2"]), end="")
+        [campaign]
+        seed = 1
+        <BLANKLINE>
+        # Set on the command line, over the values above:
+        # --set campaign.seed=2
+    """
+    if not overrides:
+        return text
+    lines = [f"# --set {item if item.isprintable() else repr(item)}" for item in overrides]
+    head = text if text.endswith("\n") or not text else text + "\n"
+    return head + "\n# Set on the command line, over the values above:\n" + "\n".join(lines) + "\n"
 
 
 AGENT_ROLES = ("client", "mutator", "judge", "refiner")
@@ -331,9 +568,33 @@ def _convert(data: dict[str, Any], source: str | Path) -> Config:
                 where = f"{section}.{name}"
                 if isinstance(table, dict):
                     _refuse_credentials(table, source, where)
-                settings = convert_table(table, ModelSettings, source, where)
+                    if section == "counselors":
+                        tables[name] = table = _read_prompt_file(table, source, where)
+                kind = CounselorSettings if section == "counselors" else ModelSettings
+                settings = convert_table(table, kind, source, where)
                 _check_model(settings, source, where)
     return convert_table(data, Config, source)
+
+
+def _read_prompt_file(table: dict[str, Any], source: str | Path, where: str) -> dict[str, Any]:
+    """A counselor table with its ``system_prompt_file`` read into ``system_prompt``."""
+    name = table.get("system_prompt_file")
+    if not isinstance(name, str):
+        return table  # absent, or a wrong type that converting the table names
+    field = f"{where}.system_prompt_file"
+    path = Path(source).parent / name
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise InputError(source, field, f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(source, field, f"cannot read {path}: {exc}") from None
+    if not text:
+        raise InputError(source, field, f"{path} is empty")
+    given = table.get("system_prompt")
+    if given is not None and given != text:  # equal: a table this function already read
+        raise InputError(source, field, "set system_prompt or system_prompt_file, not both")
+    return {**table, "system_prompt": text}
 
 
 _BOUND = re.compile(r"expected (?:int|float)(?: \| null)? ([<>]=? \S+)")

@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 import csv
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -152,10 +152,16 @@ async def _campaigns(
     return [campaign]
 
 
-async def campaign_log(store: EventStore, campaign: str) -> CampaignLog:
+async def campaign_log(
+    store: EventStore,
+    campaign: str,
+    *,
+    on_close: Callable[[CampaignLog, str], None] | None = None,
+) -> CampaignLog:
     """The compact :class:`~mhsafeeval.storage.CampaignLog` of one stored campaign (no texts;
-    each attempt's :attr:`~mhsafeeval.storage._log.AttemptFacts.text_seq` set)."""
-    log = CampaignLog()
+    each attempt's :attr:`~mhsafeeval.storage._log.AttemptFacts.text_seq` set); ``on_close``:
+    the log's (it then holds only the conversations that never completed)."""
+    log = CampaignLog(on_close=on_close)
     async for stored in store.events(campaign):
         assert stored.message is not None
         log.add(stored.message, stored.recorded_at, stored.seq)

@@ -42,6 +42,7 @@ from urllib.parse import quote
 import msgspec
 
 from mhsafeeval._files import write_private_atomic
+from mhsafeeval.compare import Change, Comparison, ModelChange
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
 from mhsafeeval.export import AttemptRecord, archive_of, stream_records
@@ -53,6 +54,8 @@ __all__ = [
     "PAGE_ATTEMPTS",
     "WARNING",
     "build_html",
+    "comparison_html",
+    "comparison_section",
     "embed_json",
     "pages_folder",
     "write_html",
@@ -499,11 +502,12 @@ async def write_html(
     source: str | Path | None = None,
     inline_attempts: int = INLINE_ATTEMPTS,
     page_attempts: int = PAGE_ATTEMPTS,
+    comparison: Comparison | None = None,
 ) -> list[Path]:
     """Write the HTML report of ``campaign`` (``None``: every stored one) to ``out``, and its
     pages of transcripts, if it has any, to :func:`pages_folder` (owner-only files, each
     replaced whole; pages left there by an earlier report are removed). Returns the side files.
-    ``inline_attempts`` and ``page_attempts``: as :func:`build_html`'s.
+    ``inline_attempts``, ``page_attempts`` and ``comparison``: as :func:`build_html`'s.
 
     Raises:
         InputError: No such campaign, or a file cannot be written.
@@ -520,6 +524,7 @@ async def write_html(
         written=written,
         inline_attempts=inline_attempts,
         page_attempts=page_attempts,
+        comparison=comparison,
     )
     _drop_stale(folder, written)
     write_private_atomic(out, text)
@@ -552,6 +557,7 @@ async def build_html(
     written: list[Path] | None = None,
     inline_attempts: int = INLINE_ATTEMPTS,
     page_attempts: int = PAGE_ATTEMPTS,
+    comparison: Comparison | None = None,
 ) -> str:
     """The main HTML document reporting ``campaign`` (``None``: every stored one).
 
@@ -565,6 +571,9 @@ async def build_html(
         written: Collects the paths of the page files written.
         inline_attempts: Transcripts of a campaign this small stay inline.
         page_attempts: Attempts per page (whole conversations).
+        comparison: A comparison with a baseline campaign
+            (:func:`mhsafeeval.compare.compare_files`), shown as a section after the
+            campaigns' (``report --html OUT --baseline A.db``).
 
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
@@ -589,7 +598,7 @@ async def build_html(
             "pages": [],
             "total": len(log.attempts),
         }
-        wanted = {e.conversation for e in log.archive.values()}
+        wanted = dict.fromkeys(e.conversation for e in log.archive.values())  # in archive order
         context: dict[str, list[dict[str, Any]]] = {c: [] for c in wanted}
         entry["context"] = context
         if pages is None or len(log.attempts) <= inline_attempts:
@@ -631,10 +640,13 @@ async def build_html(
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f"<title>{_e(title)}</title><style>{_asset('report.css')}{_CSS}</style></head><body>",
+            f"<title>{_e(title)}</title><style>{_asset('report.css')}{_CSS}",
+            _COMPARE_CSS if comparison is not None else "",
+            "</style></head><body>",
             f'<div class="warning" role="alert"><b>\u26a0</b> {_e(WARNING)}</div>',
             f"<h1>{_e(title)}</h1>",
             *(sections or ["<p>No campaign is stored.</p>"]),
+            comparison_section(comparison) if comparison is not None else "",
             f'<script type="application/json" id="data">{embed_json(data)}</script>',
             f"<script>{script}</script></body></html>\n",
         ]
@@ -693,3 +705,153 @@ def _page(
         "first": batch[0]["conversation"],
         "last": batch[-1]["conversation"],
     }
+
+
+# -- comparing two campaigns (mhsafeeval compare --html) ---------------------------------------
+
+_COMPARE_CSS = (
+    "table.comparison td.beyond_noise { background: #fff3cd; font-weight: bold; }"
+    "table.comparison td.sparse { color: #999; font-style: italic; }"
+    "table.comparison tr.overall td { border-bottom: 2px solid #bbb; }"
+)
+_VERDICT = {
+    "beyond_noise": "larger than the noise",
+    "within_noise": "within the noise",
+    "sparse": "sparse: never marked",
+    "untried": "not judged on a side",
+}
+
+
+def _signed(value: float | None) -> str:
+    return "\u2013" if value is None else f"{value:+.3f}"
+
+
+def _severity(value: int | None) -> str:
+    return "\u2013" if value is None else str(value)
+
+
+def _change_cells(change: Change) -> list[str]:
+    """ASR A, ASR B, the change and its interval, and the verdict, as escaped cells."""
+    ci = change.difference_ci
+    interval = "" if ci is None else f"{ci[0]:+.3f}\u2013{ci[1]:+.3f}"
+    return [
+        f'{_fmt(change.a)} <span class="ci">n={change.units_a}</span>',
+        f'{_fmt(change.b)} <span class="ci">n={change.units_b}</span>',
+        _signed(change.difference),
+        f'<span class="ci">{interval}</span>',
+        f'<span class="{_e(change.status)}">{_e(_VERDICT[change.status])}</span>',
+    ]
+
+
+def _comparison_model(m: ModelChange) -> str:
+    presence = {"both": "", "added": " (added: only in B)", "removed": " (removed: only in A)"}
+    head = ["", "best severity A", "best severity B", "ASR A", "ASR B", "change B \u2212 A"]
+    head += ["95% interval", "verdict"]
+    coverage = [
+        "coverage (filled cells)",
+        "",
+        "",
+        _fmt(m.coverage_a),
+        _fmt(m.coverage_b),
+        "\u2013"
+        if m.coverage_a is None or m.coverage_b is None
+        else _signed(m.coverage_b - m.coverage_a),
+        '<span class="ci">none: cells are not a sample</span>',
+        "",
+    ]
+    providers = (
+        f'<p class="meta">A: {_e(m.provider_a or "none")}, B: {_e(m.provider_b or "none")}</p>'
+        if m.provider_a != m.provider_b
+        else ""
+    )
+    out = [
+        f"<h3>{_e(m.model)}{_e(presence[m.presence])}</h3>{providers}",
+        '<table class="comparison"><thead><tr>',
+        *(f"<th>{_e(h)}</th>" for h in head),
+        "</tr></thead><tbody>",
+        '<tr class="overall">',
+        *(
+            f'<td class="{_e(m.asr.status)}">{c}</td>' if i == 7 else f"<td>{c}</td>"
+            for i, c in enumerate(["<b>overall ASR (turns)</b>", "", "", *_change_cells(m.asr)])
+        ),
+        "</tr><tr>",
+        *(f"<td>{c}</td>" for c in coverage),
+        "</tr>",
+    ]
+    for cell in m.cells:
+        if cell.asr.a is None and cell.asr.b is None:
+            continue
+        name = f"{_label(cell.category)} / {_label(cell.role)}"
+        values = [
+            _e(name),
+            _severity(cell.best_severity_a),
+            _severity(cell.best_severity_b),
+            *_change_cells(cell.asr),
+        ]
+        status = _e(cell.asr.status)
+        out.append(f'<tr class="{status}">')
+        out += [f"<td>{c}</td>" for c in values[:-1]]
+        out.append(f'<td class="{status}">{values[-1]}</td></tr>')
+    return "".join(out) + "</tbody></table>"
+
+
+def comparison_section(comparison: Comparison) -> str:
+    """The HTML section of a :class:`~mhsafeeval.compare.Comparison`: both campaigns and their
+    judges, any warning, and per counselor model its overall ASR, coverage and each cell tried
+    on either side, with the change B - A and its 95% interval (every text escaped)."""
+    c = comparison
+    sides = [
+        [
+            name,
+            _e(s.source),
+            _e(s.campaign),
+            str(s.events),
+            str(s.threshold),
+            _e(s.judge.judge or "unknown"),
+            _e(", ".join(s.judge.answered_by) or "none"),
+        ]
+        for name, s in (("A (baseline)", c.a), ("B (candidate)", c.b))
+    ]
+    head = ["", "database", "campaign", "events", "threshold", "judge", "judge model(s)"]
+    differences = "".join(f"<li>{_e(d)}</li>" for d in c.judge_differences)
+    warnings = "".join(
+        f'<div class="warning" role="alert">{_e(w)}<ul>{differences}</ul></div>' for w in c.warnings
+    )
+    legend = (
+        '<p class="legend">change = B \u2212 A. Its 95% interval resamples each side\'s '
+        f"conversations independently ({c.resamples} resamples, seed {c.seed}), widened to "
+        "contain the interval independent trials would give; a change is larger than the "
+        "noise when the interval excludes 0. Cells with fewer than "
+        f"{c.sparse_attempts} judged attempts on a side are sparse and never marked. "
+        "n = judged turns (overall) or judged attempts (cells).</p>"
+    )
+    models = "".join(_comparison_model(m) for m in c.models) or "<p>No counselor model.</p>"
+    return "".join(
+        [
+            '<section class="comparison"><h2>Comparison of two campaigns</h2>',
+            _table(head, sides, "sides"),
+            warnings,
+            legend,
+            models,
+            "</section>",
+        ]
+    )
+
+
+def comparison_html(comparison: Comparison) -> str:
+    """A self-contained HTML page of :func:`comparison_section`, in the report's style; it
+    runs no script and loads nothing."""
+    csp = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+    title = f"mhsafeeval comparison: {comparison.a.campaign} vs {comparison.b.campaign}"
+    return "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_e(title)}</title>",
+            f"<style>{_asset('report.css')}{_CSS}{_COMPARE_CSS}</style></head><body>",
+            f"<h1>{_e(title)}</h1>",
+            comparison_section(comparison),
+            "</body></html>\n",
+        ]
+    )

@@ -139,7 +139,7 @@ def build_plan(config: Config, source: str | Path = "<config>") -> CampaignPlan:
 def judge_run(config: Config) -> JudgeRun:
     """What the campaign tells its judge (and the panel's), whichever it is."""
     c = config.campaign
-    return JudgeRun(context_turns=c.context_turns, max_asks=c.judge_max_asks, threshold=c.threshold)
+    return JudgeRun(context_turns=c.judge_context, max_asks=c.judge_max_asks, threshold=c.threshold)
 
 
 def search_run(config: Config) -> SearchRun:

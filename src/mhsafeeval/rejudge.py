@@ -314,7 +314,7 @@ async def rejudge(
             f"{where} is not the taxonomy campaign {campaign!r} was judged with (its ladders "
             "differ); pass the campaign's taxonomy file with --taxonomy",
         )
-    fold = ReplyFold(c.context_turns)
+    fold = ReplyFold(c.judge_context)
     async for event in store.events(campaign):
         if event.message is not None:
             fold.add(event.message)
@@ -331,7 +331,7 @@ async def rejudge(
                 RubricJudge(
                     model,
                     tax,
-                    context_turns=c.context_turns,
+                    context_turns=c.judge_context,
                     max_asks=c.judge_max_asks,
                     threshold=c.threshold,
                 ),

@@ -16,8 +16,10 @@ import msgspec
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
 from mhsafeeval.export import campaign_log
+from mhsafeeval.messages import Rating
 from mhsafeeval.storage import (
     CampaignLog,
+    CampaignTally,
     EventStore,
     ModelComparison,
     ModelMetrics,
@@ -82,9 +84,12 @@ def _cost(m: ModelMetrics) -> ModelCost:
     )
 
 
-def report_of(log: CampaignLog, campaign: str, *, retried: int = 0) -> CampaignReport:
-    """The report of one campaign's :class:`~mhsafeeval.storage.CampaignLog`."""
-    models = metrics_of(log, log.cells, threshold=log.threshold)
+def report_of(
+    log: CampaignLog, campaign: str, *, retried: int = 0, tally: CampaignTally | None = None
+) -> CampaignReport:
+    """The report of one campaign's :class:`~mhsafeeval.storage.CampaignLog` (``tally``: its
+    :class:`~mhsafeeval.storage.CampaignTally`, when the log forgot what it tallied)."""
+    models = metrics_of(log, log.cells, threshold=log.threshold, tally=tally)
     return CampaignReport(
         campaign=campaign,
         cells=log.cells,
@@ -93,24 +98,47 @@ def report_of(log: CampaignLog, campaign: str, *, retried: int = 0) -> CampaignR
         models=models,
         retried=retried,
         cost={name: _cost(m) for name, m in models.items()},
-        comparisons=compare_models(log, threshold=log.threshold),
+        comparisons=compare_models(log, threshold=log.threshold, tally=tally),
     )
 
 
-async def load_reports_and_logs(
-    store: EventStore, campaign: str | None = None, *, source: str | Path | None = None
-) -> list[tuple[CampaignReport, CampaignLog]]:
-    """Like :func:`load_report`, with each campaign's compact log (no texts: see
-    :func:`~mhsafeeval.export.stream_records`) beside its report."""
+async def _wanted(store: EventStore, campaign: str | None, source: str | Path | None) -> list[str]:
+    """``[campaign]``, or every stored campaign when it is None."""
     known = [c.id for c in await store.list_campaigns()]
     if campaign is not None and campaign not in known:
         raise InputError(
             source, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
         )
+    return [campaign] if campaign else known
+
+
+async def load_reports_and_logs(
+    store: EventStore,
+    campaign: str | None = None,
+    *,
+    source: str | Path | None = None,
+    whole: bool = True,
+) -> list[tuple[CampaignReport, CampaignLog]]:
+    """Like :func:`load_report`, with each campaign's compact log (no texts: see
+    :func:`~mhsafeeval.export.stream_records`) beside its report.
+
+    ``whole=False``: the report is tallied as :func:`load_report`'s is, and the log forgot
+    each conversation's attempts once it completed (its ``on_close`` is set): its archive,
+    cells and threshold are all there, but folding its figures again
+    (:func:`~mhsafeeval.storage.metrics_of`) would miss what it forgot.
+    """
     out = []
-    for name in [campaign] if campaign else known:
-        log = await campaign_log(store, name)
-        out.append((report_of(log, name, retried=await store.superseded(name)), log))
+    for name in await _wanted(store, campaign, source):
+        retried = await store.superseded(name)
+        tallied = None
+        if not whole and not await _rated(store, name):
+            tallied = await _tallied_log(store, name)
+        if tallied is None:  # ratings (or a late event): the figures read every attempt
+            log = await campaign_log(store, name)
+            out.append((report_of(log, name, retried=retried), log))
+            continue
+        log, tally = tallied
+        out.append((report_of(log, name, retried=retried, tally=tally), log))
     return out
 
 
@@ -119,9 +147,39 @@ async def load_report(
 ) -> list[CampaignReport]:
     """Fold each stored campaign (or just ``campaign``) into its report.
 
-    ``source`` names the database in errors.
+    A conversation's facts are tallied as soon as it completed, then forgotten
+    (:class:`~mhsafeeval.storage.CampaignTally`): what is held is some hundreds of bytes per
+    conversation, not its attempts. A campaign with reporting judges' ratings (their figures
+    read every attempt) is folded whole, as :func:`load_reports_and_logs` does. ``source``
+    names the database in errors.
     """
-    return [r for r, _ in await load_reports_and_logs(store, campaign, source=source)]
+    folded = await load_reports_and_logs(store, campaign, source=source, whole=False)
+    return [report for report, _ in folded]
+
+
+async def _tallied_log(store: EventStore, name: str) -> tuple[CampaignLog, CampaignTally] | None:
+    """A campaign's log that forgot each conversation once it completed, and the tally of every
+    conversation (None: an event came for a conversation after it completed, or the tally
+    cannot give the figures; see :class:`~mhsafeeval.storage.CampaignTally`)."""
+    tally = CampaignTally()
+    log = await campaign_log(store, name, on_close=tally.close)
+    if log.late or tally.rated or tally.threshold not in (None, log.threshold):
+        return None
+    tally.add_log(log)  # the conversations that never completed
+    return log, tally
+
+
+async def _rated(store: EventStore, campaign: str) -> bool:
+    """Whether a reporting judge rated any reply of the campaign (read from the type index)."""
+    events = store.events(campaign, types=[Rating.__struct_config__.tag])  # type: ignore[list-item]
+    try:
+        async for _ in events:
+            return True
+        return False
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def _usd(usage: RoleUsage) -> str:

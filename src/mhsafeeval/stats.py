@@ -45,6 +45,7 @@ __all__ = [
     "cluster_bootstraps",
     "coincidence_table",
     "confusion_matrix",
+    "difference_interval",
     "kappa_from_table",
     "krippendorff_alpha",
     "normal_quantile",
@@ -445,15 +446,15 @@ def cluster_bootstraps(
                 clusters, resamples=resamples, seed=seed, confidence=confidence
             )
     for size, members in groups.items():
-        counts = [[(int(n), int(d)) for n, d in many[i]] for i in members]
-        largest = max(1, *(max(n, d) for pairs in counts for n, d in pairs))
+        # Packed straight from the clusters: no copy of every rate's counts is made.
+        largest = max(1, max(max(int(n), int(d)) for i in members for n, d in many[i]))
         width = (size * largest).bit_length() + 1
         mask = (1 << width) - 1
         packed = [0] * size
-        for pairs in reversed(counts):  # rate j's (numerator, denominator) in fields 2j+1, 2j
+        for i in reversed(members):  # rate j's (numerator, denominator) in fields 2j+1, 2j
             packed = [
-                (p << (2 * width)) | (n << width) | d
-                for p, (n, d) in zip(packed, pairs, strict=True)
+                (p << (2 * width)) | (int(n) << width) | int(d)
+                for p, (n, d) in zip(packed, many[i], strict=True)
             ]
         rng = random.Random(seed)
         estimates: list[list[float]] = [[] for _ in members]
@@ -470,25 +471,87 @@ def cluster_bootstraps(
     return [interval for interval in out if interval is not None]
 
 
-def _counted_bootstrap(
-    clusters: Sequence[tuple[float, float]], resamples: int, seed: int, confidence: float
-) -> tuple[float, float]:
-    """:func:`bootstrap_statistic` of :func:`_ratio_of_sums` for clusters of whole counts,
-    drawing exactly the same resamples, fast: each cluster is one integer (its numerator and
-    denominator in two fields wide enough for any resample's sums), a resample one sum."""
+def _packed_rates(
+    clusters: Sequence[tuple[float, float]], resamples: int, rng: random.Random
+) -> list[float]:
+    """``resamples`` ratio-of-sums rates of whole-cluster resamples of whole counts drawn from
+    ``rng`` (nan where a resample has no unit). Each cluster is one integer (its numerator and
+    denominator in two fields wide enough for any resample's sums), so a resample is one sum."""
     counts = [(int(n), int(d)) for n, d in clusters]
     width = (len(counts) * max(1, *(max(n, d) for n, d in counts))).bit_length() + 1
     mask = (1 << width) - 1
     packed = [(n << width) | d for n, d in counts]
-    rng = random.Random(seed)
     size = len(packed)
-    estimates = []
+    out = []
     for _ in range(resamples):
         total = sum(rng.choices(packed, k=size))
         denominator = total & mask
-        if denominator:
-            estimates.append((total >> width) / denominator)
-    return _percentile_interval(estimates, confidence)
+        out.append((total >> width) / denominator if denominator else math.nan)
+    return out
+
+
+def _counted_bootstrap(
+    clusters: Sequence[tuple[float, float]], resamples: int, seed: int, confidence: float
+) -> tuple[float, float]:
+    """:func:`bootstrap_statistic` of :func:`_ratio_of_sums` for clusters of whole counts,
+    drawing exactly the same resamples, fast (:func:`_packed_rates`)."""
+    rates = _packed_rates(clusters, resamples, random.Random(seed))
+    return _percentile_interval([r for r in rates if r == r], confidence)
+
+
+def _newcombe(a: tuple[int, int], b: tuple[int, int], confidence: float) -> tuple[float, float]:
+    """Newcombe's hybrid score interval of ``b - a`` from each side's Wilson interval."""
+    (sa, na), (sb, nb) = a, b
+    pa, pb = sa / na, sb / nb
+    la, ua = wilson_interval(sa, na, confidence)
+    lb, ub = wilson_interval(sb, nb, confidence)
+    d = pb - pa
+    return (d - math.hypot(pb - lb, ua - pa), d + math.hypot(ub - pb, pa - la))
+
+
+def difference_interval(
+    a: Sequence[tuple[int, int]],
+    b: Sequence[tuple[int, int]],
+    *,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    confidence: float = CONFIDENCE,
+) -> tuple[float, float]:
+    """The ``confidence`` interval of ``rate(b) - rate(a)`` for two independent samples.
+
+    Each side is a list of clusters (conversations), ``(successes, units)`` each, and its rate
+    is the ratio of sums. Each side's clusters are resampled whole and independently, from one
+    ``random.Random(seed)`` stream, ``a``'s resamples first (so they are exactly the ones behind
+    ``a``'s own :func:`cluster_bootstrap` interval); the percentile interval of the
+    differences is then widened to contain Newcombe's score interval, so that a few
+    conversations never claim more certainty than their units as independent trials would.
+
+    Raises:
+        ValueError: a side has no unit, a cluster is not ``0 <= successes <= units``, or
+            ``resamples < 1``.
+
+    Example:
+        >>> low, high = difference_interval([(1, 2)], [(1, 2)])  # one conversation a side
+        >>> round(low, 3), round(high, 3)  # no bootstrap spread: Newcombe's interval
+        (-0.573, 0.573)
+    """
+    _check_resamples(resamples)
+    for name, side in (("a", a), ("b", b)):
+        for i, (n, d) in enumerate(side):
+            if not 0 <= n <= d:
+                raise ValueError(f"{name}[{i}]: expected 0 <= successes <= units, got {(n, d)}")
+        if not sum(d for _, d in side):
+            raise ValueError(f"{name}: no judged unit, so no rate to compare")
+    rng = random.Random(seed)
+    from_a = _packed_rates(a, resamples, rng)
+    from_b = _packed_rates(b, resamples, rng)
+    diffs = [y - x for x, y in zip(from_a, from_b, strict=True) if x == x and y == y]
+    totals = [(sum(n for n, _ in s), sum(d for _, d in s)) for s in (a, b)]
+    n_low, n_high = _newcombe(totals[0], totals[1], confidence)
+    if not diffs:
+        return (n_low, n_high)
+    low, high = _percentile_interval(diffs, confidence)
+    return (min(low, n_low), max(high, n_high))
 
 
 def rate_clustered(

@@ -5,8 +5,9 @@ conversation, how many run at once, and what the run stores. :func:`run_graph` r
 :class:`~mhsafeeval.runtime.Runtime` with an event store and gives every graph what makes a
 campaign trustworthy:
 
-* **resume**: a rerun against the same store replays the stored messages into the agents and
-  does again only the work that was in flight (nothing stored is asked twice);
+* **resume**: a rerun against the same store streams the stored messages into the agents and
+  does again only the work that was in flight (nothing stored is asked twice), holding the work
+  left and a compact index of the finished conversations, never the whole stored campaign;
 * **the scheduler**: ``concurrency`` conversations at a time, each ending with one
   ``ConversationFinished``;
 * **limits** (anything with ``stop``, ``reached``, ``drained()`` and ``spent()``, e.g. the

@@ -118,8 +118,10 @@ class Service(Protocol):
         ...
 
     def resume(self, stored: Sequence[Message]) -> None:
-        """Take note of the stored part of the campaign, all at once, before anything runs
-        (what it stored earlier among them: work it need not do again)."""
+        """Take note of the next part of the stored campaign (what it stored earlier among
+        them: work it need not do again). A resumed run streams the stored messages to it in
+        stored order, a page per call, before :meth:`serve` starts: fold them in as they come
+        (nothing holds the whole campaign)."""
         ...
 
     def observe(self, msg: Message) -> None:

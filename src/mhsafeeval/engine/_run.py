@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import anyio
+import anyio.lowlevel
 import structlog
 
-from mhsafeeval.messages import CampaignFinished
+from mhsafeeval.messages import CampaignFinished, ConversationFinished
 from mhsafeeval.runtime import Message, Runtime
 from mhsafeeval.storage import EventStore
 
 from ._graph import Graph, Limits, RunResult, Service
 from ._scheduler import Scheduler
-from ._stored import Stored, load_stored
+from ._stored import Stored, load_stored, stored_messages
 
 __all__ = ["run_graph"]
 
 log = structlog.get_logger("mhsafeeval.engine")
+
+_PAGE = 1000
+"""Stored messages handed to the services at a time while a resumed run streams them."""
 
 
 class _Closable(Protocol):
@@ -53,12 +58,16 @@ async def run_graph(
     """Run ``graph``'s campaign to its end, storing every message in ``store`` (already open).
 
     If the store already holds this campaign, the run **resumes** it: the stored messages are
-    replayed, in stored order, into the agents' synchronous handlers (their state) without any
-    model call; decisions the stopped run made but had not stored are published again; each
-    stored message whose answer is missing (the calls in flight when it stopped) is handed to
-    its agent again (:meth:`~mhsafeeval.runtime.Agent.answered`); failed and stalled
-    conversations pick up where they stopped. Finished conversations are left alone. A
-    campaign that already finished is returned as it is (after its services' pending work).
+    streamed from the store and replayed, in stored order, into the agents' synchronous
+    handlers (their state) without any model call; decisions the stopped run made but had not
+    stored are published again; each stored message whose answer is missing (the calls in
+    flight when it stopped) is handed to its agent again
+    (:meth:`~mhsafeeval.runtime.Agent.answered`); failed and stalled conversations pick up
+    where they stopped. Finished conversations are left alone: their agents are ended once
+    their end is replayed, and only the open conversations' messages are kept, so a resume
+    holds the work left (and an index of a few hundred bytes per finished conversation), not
+    the stored campaign. A campaign that already finished is returned as it is (after its
+    services' pending work).
 
     What it guarantees, whatever happens: every conversation ends with one stored
     ``ConversationFinished`` (a handler that raises fails only its conversation; a
@@ -74,7 +83,7 @@ async def run_graph(
         observers: called with every message, replayed ones included (a progress display).
         closing: closed when the run ends (the model clients).
         stored: what :func:`load_stored` returned for this graph, when the caller needed it
-            first (to count what the stored part spent); ``"load"``: load it here.
+            first (its ``folds`` counted what the stored part spent); ``"load"``: load it here.
 
     Raises:
         InputError: the store holds this campaign with a configuration ``graph`` refuses
@@ -133,11 +142,11 @@ async def _resume_or_run(
     limits: Limits,
     observers: Sequence[Callable[[Message], Any]],
 ) -> RunResult:
-    for service in graph.services:  # what a service has to do for the stored part
-        service.resume(stored.messages if stored is not None else [])
-    resumed_from = len(stored.messages) if stored is not None else 0
+    resumed_from = stored.count if stored is not None else 0
     if stored is not None and stored.outcome is not None:
         log.info("campaign.already_finished", status=stored.outcome.status, events=resumed_from)
+        if graph.services:  # what a service has to do for the stored part
+            await _resume_services(graph.services, store, graph.campaign, stored)
         if any(s.pending for s in graph.services):  # added later, or failed earlier
             async with anyio.create_task_group() as tg:
                 for service in graph.services:
@@ -148,6 +157,22 @@ async def _resume_or_run(
     if limits.reached is not None:  # the stored part already spent a limit: start nothing
         return _result(graph, "stopped_budget", stored, store, resumed_from, limits)
     return await _run(graph, store, stored, resumed_from, limits, observers)
+
+
+async def _resume_services(
+    services: Sequence[Service], store: EventStore, campaign: str, stored: Stored
+) -> None:
+    """Hand the stored part to the services, page by page (nothing is replayed)."""
+    page: list[Message] = []
+    async for _, _, msg in stored_messages(store, campaign, upto=stored.last_seq):
+        page.append(msg)
+        if len(page) >= _PAGE:
+            for service in services:
+                service.resume(page)
+            page = []
+    if page:
+        for service in services:
+            service.resume(page)
 
 
 def _result(
@@ -197,7 +222,6 @@ async def _run(
         async with Runtime() as rt, anyio.create_task_group() as service_tasks:
             rt.subscribe(store.append, name="store", critical=True)
             for i, service in enumerate(graph.services):
-                await service_tasks.start(service.serve)
                 rt.subscribe(service.observe, name=f"service{i}", types=service.types)
             for i, observer in enumerate(observers):
                 rt.subscribe(observer, name=f"observer{i}", replay=True)
@@ -205,9 +229,11 @@ async def _run(
                 rt.register(node.name, node.make, types=node.types, scope=node.scope)
             scheduler.attach(rt)
             if stored is not None:
-                redone = _resume(rt, graph, stored, scheduler)
+                redone = await _resume(rt, graph, store, stored, scheduler)
             elif graph.opening is not None:
                 rt.publish(graph.opening)
+            for service in graph.services:  # after the stored part was handed to them
+                await service_tasks.start(service.serve)
             scheduler.start()
             await _until_done(rt, scheduler, limits.stop)
             if not scheduler.done.is_set():
@@ -321,25 +347,55 @@ async def _until_done(rt: Runtime, scheduler: Scheduler, stop: anyio.Event) -> N
         tg.start_soon(watch)
 
 
-def _resume(rt: Runtime, graph: Graph, stored: Stored, scheduler: Scheduler) -> int:
-    """Bring the runtime's agents up to the stored messages and restart unfinished work;
-    returns how many stored messages were handed to an agent again."""
+async def _resume(
+    rt: Runtime, graph: Graph, store: EventStore, stored: Stored, scheduler: Scheduler
+) -> int:
+    """Bring the runtime's agents (and the services) up to the stored messages, streamed from
+    the store, and restart unfinished work; returns how many stored messages were handed to an
+    agent again.
+
+    Only the messages of the conversations still open are kept (to find the work they owe);
+    a finished conversation's agents are ended as soon as its end is replayed, as in a live
+    run, so what stays of it is what the shared agents folded (the search's archive).
+    """
     started = time.perf_counter()
+    live = scheduler.running - set(stored.broken)
+    kept: list[Message] = []  # the open conversations' messages, in stored order
+    kept_ids: set[str] = set()
+    children: dict[str, list[Message]] = {}
+    ended: set[str] = set()
+    page: list[Message] = []
     rt.begin_replay(stored.ids)
-    for msg in stored.messages:
+    async for _, message_id, msg in stored_messages(store, graph.campaign, upto=stored.last_seq):
+        page.append(msg)
         if graph.on_bus(msg):
             rt.replay(msg)
+            conversation = msg.conversation
+            if conversation in live:
+                kept.append(msg)
+                kept_ids.add(message_id)
+            elif conversation in ended or (
+                isinstance(msg, ConversationFinished) and conversation in stored.finished
+            ):
+                rt.end_conversation(conversation)  # its agents stop (a late message: again)
+                ended.add(sys.intern(conversation))  # the index's copy of the id, not another
+                await anyio.lowlevel.checkpoint()  # their tasks end and free them now
+            if msg.causation in kept_ids:
+                children.setdefault(msg.causation, []).append(msg)
+        if len(page) >= _PAGE:
+            for service in graph.services:
+                service.resume(page)
+            page = []
+    for service in graph.services if page else ():
+        service.resume(page)
     suppressed, fresh = rt.end_replay()
     replay_s = time.perf_counter() - started
-    live = scheduler.running - set(stored.broken)
     redone = 0
-    for msg in stored.messages:
-        if msg.conversation in live and graph.on_bus(msg):
-            children = [m for m in stored.children.get(msg.id, ()) if graph.on_bus(m)]
-            redone += bool(rt.redo(msg, children))
+    for msg in kept:
+        redone += bool(rt.redo(msg, children.get(msg.id, ())))
     log.info(
         "campaign.resumed",
-        stored=len(stored.messages),
+        stored=stored.count,
         finished=len(stored.finished),
         continuing=len(live),
         republished=len(fresh),

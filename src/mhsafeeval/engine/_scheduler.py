@@ -35,15 +35,15 @@ class Scheduler:
         stored: Stored | None = None,
     ) -> None:
         done = stored.finished if stored is not None else {}
-        started = set(stored.started) if stored is not None else set()
-        self.pending = [s for s in reversed(starts) if s.conversation not in started]
+        started = stored.started if stored is not None else set()  # and not finished
+        self.pending = [
+            s
+            for s in reversed(starts)
+            if s.conversation not in started and s.conversation not in done
+        ]
         self.campaign = campaign
         self.concurrency = concurrency
-        self.running: set[str] = {
-            s.conversation
-            for s in starts
-            if s.conversation in started and s.conversation not in done
-        }
+        self.running: set[str] = {s.conversation for s in starts if s.conversation in started}
         self.finished = len(done)
         self.failed = stored.failed if stored is not None else 0
         self.total = len(starts)

@@ -1,8 +1,19 @@
-"""What a store already holds of a run: the input of a resumed one."""
+"""What a store already holds of a run: the input of a resumed one, read as a stream.
+
+A resumed run never holds the whole stored campaign. :func:`load_stored` streams it once to
+build a compact index (per conversation: started, finished and how; an 8-byte fingerprint per
+stored event) while callers' folds (the budget) take each message as it passes; the run then
+streams it once more (:func:`stored_messages`) to replay it into the agents, keeping only the
+messages of the conversations still open.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import heapq
+import sys
+from array import array
+from bisect import bisect_left
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 
 import structlog
 
@@ -10,43 +21,133 @@ from mhsafeeval.messages import CallFailed, CampaignFinished, ConversationFinish
 from mhsafeeval.runtime import HandlerFailed, Message
 from mhsafeeval.storage import EventStore
 
-__all__ = ["Stored", "load_stored", "to_retry"]
+__all__ = ["Fingerprints", "Stored", "load_stored", "stored_messages", "to_retry"]
 
 log = structlog.get_logger("mhsafeeval.engine")
 
+_MASK = (1 << 64) - 1
+_RUN = 1 << 12  # fingerprints sorted at a time, so sorting never holds many Python ints
 
-class Stored:
-    """The stored messages of one campaign, indexed for resuming it.
 
-    ``starts``: the ids of the planned start messages; a conversation whose start message is
-    stored has started.
+class Fingerprints:
+    """A compact set of message ids: 8 bytes each (a 64-bit hash of the id), not ~100.
+
+    A resumed run asks it whether what an agent publishes while stored messages are replayed
+    was stored already. Two different ids share a fingerprint with odds of about one in 2**64
+    per stored event (that message would be taken as stored).
+
+    Example:
+        >>> ids = Fingerprints()
+        >>> for i in range(5):
+        ...     ids.add(f"id{i}")
+        >>> ids.freeze()
+        >>> "id3" in ids, "id7" in ids, len(ids)
+        (True, False, 5)
     """
 
-    def __init__(self, messages: list[Message], starts: Collection[str]) -> None:
-        self.messages = messages
-        self.ids = {m.id for m in messages}
-        self.children: dict[str, list[Message]] = {}
-        for m in messages:
-            if m.causation:
-                self.children.setdefault(m.causation, []).append(m)
-        self.started = [m.conversation for m in messages if m.id in starts]
-        self.finished = {
-            m.conversation: m.status for m in messages if isinstance(m, ConversationFinished)
-        }
-        self.broken = {m.conversation: m for m in messages if isinstance(m, HandlerFailed)}
-        self.outcome = next(
-            (
-                m
-                for m in reversed(messages)
-                if isinstance(m, CampaignFinished) and m.key == "finish"
-            ),
-            None,
+    def __init__(self) -> None:
+        self._runs: list[array[int]] = []
+        self._current: array[int] = array("Q")
+        self._sorted: array[int] = array("Q")
+
+    def add(self, message_id: str) -> None:
+        """Add an id (before :meth:`freeze`)."""
+        self._current.append(hash(message_id) & _MASK)
+        if len(self._current) >= _RUN:
+            self._seal()
+
+    def _seal(self) -> None:
+        if self._current:
+            self._runs.append(array("Q", sorted(self._current)))
+            self._current = array("Q")
+
+    def freeze(self) -> None:
+        """Sort what was added (one merge of sorted runs; the first question does it too)."""
+        self._seal()
+        if self._sorted:
+            self._runs.append(self._sorted)
+        self._sorted = (
+            self._runs[0] if len(self._runs) == 1 else array("Q", heapq.merge(*self._runs))
         )
+        self._runs = []
+
+    def __contains__(self, message_id: object) -> bool:
+        if self._runs or self._current:
+            self.freeze()
+        key = hash(message_id) & _MASK
+        at = bisect_left(self._sorted, key)
+        return at < len(self._sorted) and self._sorted[at] == key
+
+    def __len__(self) -> int:
+        return len(self._sorted) + len(self._current) + sum(map(len, self._runs))
+
+
+class Stored:
+    """The index of one stored campaign, for resuming it: never its messages.
+
+    Attributes:
+        count: stored events (after failed turns were moved aside).
+        last_seq: the store position of the last of them (a replay reads up to it).
+        started: conversations whose planned start message is stored, not finished.
+        finished: each finished conversation's status (``completed``, ``failed``, ...).
+        broken: the stored handler failure of each conversation not finished.
+        outcome: the campaign's stored end record (``key="finish"``), if it finished.
+        ids: a fingerprint of every stored event's id (:class:`Fingerprints`).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_seq = 0
+        self.started: set[str] = set()
+        self.finished: dict[str, str] = {}
+        self.broken: dict[str, HandlerFailed] = {}
+        self.outcome: CampaignFinished | None = None
+        self.ids = Fingerprints()
+
+    def add(self, seq: int, message_id: str, msg: Message, starts: Collection[str]) -> None:
+        """Index one stored message (in stored order)."""
+        self.count += 1
+        self.last_seq = max(self.last_seq, seq)
+        self.ids.add(message_id)
+        if message_id in starts:
+            self.started.add(sys.intern(msg.conversation))
+        if isinstance(msg, ConversationFinished):
+            # Interned: one copy of each id and status, however many conversations.
+            self.finished[sys.intern(msg.conversation)] = sys.intern(msg.status)
+        elif isinstance(msg, HandlerFailed):
+            self.broken[msg.conversation] = msg
+        elif isinstance(msg, CampaignFinished) and msg.key == "finish":
+            self.outcome = msg
+
+    def close(self) -> None:
+        """Done indexing: keep only what a resumed run asks (``started``: the conversations
+        started and not finished; ``ids`` are sorted when first asked, once the callers'
+        folds are gone)."""
+        self.started.difference_update(self.finished)
+        self.broken = {c: m for c, m in self.broken.items() if c not in self.finished}
 
     @property
     def failed(self) -> int:
         """Finished conversations that did not complete."""
         return sum(status != "completed" for status in self.finished.values())
+
+
+async def stored_messages(
+    store: EventStore, campaign: str, *, upto: int | None = None
+) -> AsyncIterator[tuple[int, str, Message]]:
+    """Stream ``campaign``'s stored messages in stored order as (seq, id, message), those at
+    store positions up to ``upto`` (None: all)."""
+    events = store.events(campaign)
+    try:
+        async for event in events:
+            if upto is not None and event.seq > upto:
+                return
+            if event.message is not None:
+                yield event.seq, event.id, event.message
+    finally:
+        close = getattr(events, "aclose", None)  # a store's reader left mid-page: close it
+        if close is not None:
+            await close()
 
 
 async def load_stored(
@@ -57,25 +158,62 @@ async def load_stored(
     accepts: Callable[[str], None],
     settled: tuple[type[Message], ...],
     on_bus: Callable[[Message], bool],
+    folds: Sequence[Callable[[Message], object]] = (),
 ) -> Stored | None:
-    """The stored part of ``campaign``, or None if the store has none.
+    """The index of the stored part of ``campaign``, or None if the store has none.
 
     ``accepts(stored_config)`` raises when the stored campaign was run with another
     configuration (before anything is written). The failed turns :func:`to_retry` names are
-    moved aside (superseded, never deleted) so that the run does them again.
+    moved aside (superseded, never deleted) so that the run does them again. Each of ``folds``
+    is then called with every stored message, in stored order, as the store streams it (what
+    the stored part spent, say): nothing else keeps them.
+
+    The store is read as a stream: a query of the end records (conversations and campaign),
+    the messages of failed or stalled conversations when there are any (for :func:`to_retry`),
+    then every message once.
     """
     info = next((c for c in await store.list_campaigns() if c.id == campaign), None)
     if info is None or info.event_count == 0:
         return None
     accepts(info.config)
-    messages = [e.message async for e in store.events(campaign) if e.message is not None]
-    retry = to_retry(messages, starts, settled, on_bus)
+    retry = await _failed_turns(store, campaign, starts, settled, on_bus)
     if retry:
-        gone = {m.id for m in retry}
-        moved = await store.supersede(campaign, gone)
+        moved = await store.supersede(campaign, retry)
         log.info("campaign.retrying_failed_turns", superseded=moved)
-        messages = [m for m in messages if m.id not in gone]
-    return Stored(messages, starts)
+    stored = Stored()
+    async for seq, message_id, msg in stored_messages(store, campaign):
+        stored.add(seq, message_id, msg, starts)
+        for fold in folds:
+            fold(msg)
+    stored.close()
+    return stored
+
+
+_END_TAGS = tuple(str(t.__struct_config__.tag) for t in (ConversationFinished, CampaignFinished))
+
+
+async def _failed_turns(
+    store: EventStore,
+    campaign: str,
+    starts: Collection[str],
+    settled: tuple[type[Message], ...],
+    on_bus: Callable[[Message], bool],
+) -> set[str]:
+    """The ids :func:`to_retry` moves aside, read without holding the campaign: the end
+    records first, then, only if some conversation failed or stalled, those conversations'
+    messages."""
+    ends: list[Message] = []
+    failing: set[str] = set()
+    async for event in store.events(campaign, types=_END_TAGS):
+        msg = event.message
+        if isinstance(msg, ConversationFinished) and msg.status in ("failed", "stalled"):
+            failing.add(msg.conversation)
+        elif isinstance(msg, CampaignFinished) and msg.key == "finish":
+            ends.append(msg)
+    if not failing:
+        return set()
+    kept = [m async for _, _, m in stored_messages(store, campaign) if m.conversation in failing]
+    return {m.id for m in to_retry(kept + ends, starts, settled, on_bus)}
 
 
 def to_retry(
@@ -96,6 +234,8 @@ def to_retry(
 
     The campaign's end record goes too whenever anything is moved. Messages that never travel
     on the bus (``on_bus`` false) are never owed work; start messages (ids in ``starts``) stay.
+    Only the failed and stalled conversations' messages and the campaign's end records are
+    read: :func:`load_stored` passes just those.
     """
     ended = {
         m.conversation: m

@@ -11,6 +11,7 @@ exactly the context the search's judge was shown; :func:`rate_reply` makes one
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import msgspec
 
@@ -36,6 +37,7 @@ __all__ = [
     "PANEL_INPUTS",
     "JudgedReply",
     "ReplyFold",
+    "StoredReplies",
     "failed_rater",
     "failed_rating",
     "judged_prompt",
@@ -57,6 +59,15 @@ PANEL_INPUTS: tuple[type[Message], ...] = (
     ConversationFinished,
 )
 """The events :class:`ReplyFold` reads (a verdict only tells it that a reply was judged)."""
+
+_CONVERSATION_INPUTS = (
+    ClientUtterance,
+    CounselorReply,
+    Verdict,
+    TurnCommitted,
+    ConversationFinished,
+)
+"""What :class:`ReplyFold` keeps per conversation (until it ends, with ``forget``)."""
 
 _SAMPLE = re.compile(r"#(\d+)$")
 
@@ -112,11 +123,16 @@ class ReplyFold:
     and all of a conversation's once it has ended. :meth:`judged` lists every judged reply.
 
     Args:
-        context_turns: the campaign's ``campaign.context_turns`` (negative: all).
+        context_turns: the committed exchanges a judge sees (``campaign.judge_context_turns``,
+            else ``campaign.context_turns``; negative: all).
+        forget: drop a conversation's texts once it has ended and its replies were given
+            (a campaign's panel, which never asks :meth:`judged`): what stays per reply is
+            whether it was rated or unjudged.
     """
 
-    def __init__(self, context_turns: int) -> None:
+    def __init__(self, context_turns: int, *, forget: bool = False) -> None:
         self.context_turns = context_turns
+        self.forget = forget
         self._convs: dict[str, _Conversation] = {}
         self._rated: set[tuple[Coords, str]] = set()
         self.unjudged: set[Coords] = set()
@@ -130,24 +146,36 @@ class ReplyFold:
 
     def add(self, msg: Message) -> list[JudgedReply]:
         """Fold one event in; returns the judged replies it made ready (each once)."""
-        conv = self._conv(msg.conversation)
         at = (msg.turn, msg.attempt, msg.branch)
+        if isinstance(msg, Unjudged):
+            self.unjudged.add((msg.conversation, *at))
+            return []
+        if isinstance(msg, Rating):  # no conversation state: ratings come after its end
+            self._rated.add(((msg.conversation, *at), msg.rater))
+            return []
+        if not isinstance(msg, _CONVERSATION_INPUTS):
+            return []
+        conv = self._conv(msg.conversation)
         if isinstance(msg, ClientUtterance):
             conv.utterances[at] = msg
         elif isinstance(msg, CounselorReply):
             conv.replies[at] = msg
         elif isinstance(msg, Verdict):
             conv.judged.add(at)
-        elif isinstance(msg, Unjudged):
-            self.unjudged.add((msg.conversation, *at))
-        elif isinstance(msg, Rating):
-            self._rated.add(((msg.conversation, *at), msg.rater))
         elif isinstance(msg, TurnCommitted):
             conv.turns[msg.turn] = Exchange(msg.client_text, msg.counselor_text)
             return self._take(msg.conversation, conv, msg.turn)
         elif isinstance(msg, ConversationFinished):
-            return self._take(msg.conversation, conv, None)
+            ready = self._take(msg.conversation, conv, None)
+            if self.forget:
+                del self._convs[msg.conversation]
+            return ready
         return []
+
+    def unrated(self, raters: Sequence[str]) -> StoredReplies:
+        """A fold of stored events through this one that holds the judged replies not yet
+        rated by every one of ``raters`` (see :class:`StoredReplies`)."""
+        return StoredReplies(self, raters)
 
     def rated(self, item: JudgedReply, rater: str) -> bool:
         """Whether a stored rating of ``item`` by ``rater`` was folded in."""
@@ -184,6 +212,51 @@ class ReplyFold:
         n = self.context_turns
         context = shown if n < 0 else shown[-n:] if n else []
         return JudgedReply(reply=reply, utterance=utterance.text, context=tuple(context))
+
+
+class StoredReplies:
+    """The judged replies of a stored campaign not yet rated by every rater, folded as its
+    events stream past in stored order (a resumed run's panel).
+
+    A reply is given by ``fold`` when its turn is committed, but its ratings are stored later
+    (the panel rates it then), so whether it is rated is known only once its ratings have
+    passed: a reply is held until every one of ``raters`` has rated it, then dropped. What is
+    still held at the end (:meth:`take`) is what is left to rate.
+
+    Example:
+        >>> replies = StoredReplies(ReplyFold(0), ["judge-a"])
+        >>> replies.take()
+        []
+    """
+
+    def __init__(self, fold: ReplyFold, raters: Sequence[str]) -> None:
+        self.fold = fold
+        self.raters = tuple(raters)
+        self._held: dict[Coords, JudgedReply] = {}
+
+    def add(self, msg: Message) -> None:
+        """Fold in one stored event."""
+        for item in self.fold.add(msg):
+            if not self._rated(item):
+                self._held[item.coords] = item
+        if isinstance(msg, Rating):
+            at: Coords = (msg.conversation, msg.turn, msg.attempt, msg.branch)
+            held = self._held.get(at)
+            if held is not None and self._rated(held):
+                del self._held[at]
+
+    def _rated(self, item: JudgedReply) -> bool:
+        return all(self.fold.rated(item, rater) for rater in self.raters)
+
+    @property
+    def held(self) -> int:
+        """Replies held so far (not rated by every rater yet)."""
+        return len(self._held)
+
+    def take(self) -> list[JudgedReply]:
+        """The replies left to rate, in stored order; forgets them."""
+        items, self._held = list(self._held.values()), {}
+        return items
 
 
 def judged_prompt(judge: RubricJudge, item: JudgedReply) -> list[ChatMessage]:

@@ -11,6 +11,7 @@ from mhsafeeval.runtime import lazy_exports as _lazy_exports
 from ._log import TEXT_EVENTS, AttemptFacts, AttemptTexts, CampaignLog, Outcome, TextFold
 from ._memory import MemoryEventStore
 from ._metrics import (
+    CampaignTally,
     ModelComparison,
     ModelMetrics,
     RoleUsage,
@@ -28,6 +29,7 @@ __all__ = [
     "AttemptFacts",
     "AttemptTexts",
     "CampaignLog",
+    "CampaignTally",
     "EventStore",
     "MemoryEventStore",
     "ModelComparison",

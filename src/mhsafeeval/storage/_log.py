@@ -31,14 +31,16 @@ the export and the HTML report stream them in a second read of the store, attemp
 keeping only those of attempts still open (see :attr:`AttemptFacts.text_seq`). With
 ``keep_text`` the log also keeps every attempt's texts (small, in-memory uses). With
 ``retain=False`` (the live progress display) a conversation's attempts are forgotten once it
-finishes, keeping only the running totals.
+finishes, keeping only the running totals. With ``on_close`` (the text and JSON reports) each
+conversation that completed is handed to that callback, whole, and then forgotten: what the log
+holds is the conversations in flight when the events were stored, not the campaign's attempts.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 import msgspec
@@ -214,6 +216,8 @@ class AttemptFacts(msgspec.Struct, kw_only=True):
     text_seq: int = 0
     """The store ``seq`` of the attempt's last text event (:data:`TEXT_EVENTS`; 0: none, or
     folded without seqs): a reader of the texts has them all once it has read that far."""
+    serial: int = 0
+    """The attempt's place among the log's attempts, in order of first event (0, 1, ...)."""
 
     @property
     def key(self) -> AttemptKey:
@@ -322,6 +326,7 @@ class _Turn(msgspec.Struct):
     exchange: bytes  # digest of what was said (see _digest)
     chosen: tuple[int, int, str]  # the committed attempt: planned turn, attempt, branch
     ahead: list[AttemptKey] = []  # lookahead planned earlier that played this turn
+    serial: int = 0  # its place among the log's committed turns, in order of commit
 
 
 class CampaignLog:
@@ -342,9 +347,22 @@ class CampaignLog:
         [('verdict', 3)]
     """
 
-    def __init__(self, *, keep_text: bool = False, retain: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        keep_text: bool = False,
+        retain: bool = True,
+        on_close: Callable[[CampaignLog, str], None] | None = None,
+    ) -> None:
         self.keep_text = keep_text
         self.retain = retain
+        self.on_close = on_close
+        """Called with a conversation that completed (its facts all here), which is then
+        forgotten (:meth:`headline` is not kept up to date for it)."""
+        self.late = 0
+        """Events of a conversation already handed to ``on_close`` (none in a campaign the
+        engine stored; a callback's figures miss them: fold again without one)."""
+        self._serial = 0
         self.text = TextFold() if keep_text else None
         """Every attempt's texts (``keep_text`` only; see :meth:`texts`)."""
         self.last_seq = 0
@@ -506,11 +524,11 @@ class CampaignLog:
             return
         if isinstance(event, ConversationStarted):
             self.conversations.setdefault(
-                event.conversation,
-                ConversationFacts(
-                    counselor_model=event.counselor_model,
-                    profile_id=event.profile_id,
-                    style=event.style,
+                self._name(event.conversation),
+                ConversationFacts(  # names kept once: the log outlives its conversations
+                    counselor_model=self._name(event.counselor_model),
+                    profile_id=self._name(event.profile_id),
+                    style=self._name(event.style),
                     index=event.index,
                 ),
             )
@@ -518,15 +536,19 @@ class CampaignLog:
         if isinstance(event, ArchiveUpdated):
             self.archive[(event.counselor_model, event.elite.cell)] = event.elite
             return
-        model = self.model_of(event.conversation)
+        facts = self.conversations.get(event.conversation)
+        model = facts.counselor_model if facts is not None else None
         if isinstance(event, ConversationFinished):
             self._finish(event, model)
             return
+        role = event.agent if isinstance(event, CallFailed) else ANSWERED_BY.get(type(event))
+        folded = isinstance(event, TurnCommitted | Directive) or role is not None
+        if not folded:
+            return
+        if self.on_close is not None and facts is not None and facts.status == "completed":
+            self.late += 1  # folded all the same, but the callback had this conversation
         if isinstance(event, TurnCommitted):
             self._commit(event, model)
-            return
-        role = event.agent if isinstance(event, CallFailed) else ANSWERED_BY.get(type(event))
-        if role is None and not isinstance(event, Directive):
             return
         key = (event.conversation, event.turn, event.attempt, event.branch)
         a = self.attempts.get(key)
@@ -539,7 +561,9 @@ class CampaignLog:
                 attempt=event.attempt,
                 branch=key[3],
                 first_at=recorded_at,
+                serial=self._serial,
             )
+            self._serial += 1
             self._by_turn[(event.conversation, event.turn)].append(key)
             if (event.conversation, event.turn) in self.turns:
                 self._dirty.add((event.conversation, event.turn))
@@ -580,7 +604,8 @@ class CampaignLog:
                 self.client_rejected[model] += event.rejected
                 self.client_dropped[model] += event.dropped
         elif isinstance(event, CounselorReply):
-            a.replied, a.finish_reason = True, event.finish_reason
+            a.replied = True
+            a.finish_reason = name(event.finish_reason)
             if event.finish_reason == "content_filter":
                 a.reply_kind = "filtered"
             elif not event.text.strip():
@@ -662,6 +687,7 @@ class CampaignLog:
             _digest(Exchange(event.client_text, event.counselor_text)),
             (planned, event.committed_attempt, event.committed_branch),
             ahead=self._waiting.pop(turn, []),
+            serial=self.committed_count,
         )
         self.committed_count += 1
         if model is not None:
@@ -672,16 +698,19 @@ class CampaignLog:
         facts = self.conversations.get(event.conversation)
         if facts is None or facts.status is not None:
             return
-        facts.status = event.status
+        facts.status = self._name(event.status)
         self.finished += 1
         self.skipped_turns += max(0, self._max_turns - event.turns)
-        if not self.retain:
+        if self.on_close is not None and event.status == "completed":
+            self.on_close(self, event.conversation)
+            self._forget(event.conversation, refresh=False)
+        elif not self.retain:
             self._forget(event.conversation)
 
-    def _forget(self, conversation: str) -> None:
+    def _forget(self, conversation: str, *, refresh: bool = True) -> None:
         """Drop a finished conversation's attempts and turns (its totals stay)."""
         mine = [t for t in self.turns if t[0] == conversation]
-        for turn in mine:  # final figures first: a turn's rows read the turns before it
+        for turn in mine if refresh else ():  # final figures first: rows read earlier turns
             self._refresh(turn)
         for turn in mine:
             del self.turns[turn]
@@ -695,6 +724,7 @@ class CampaignLog:
             del self._by_turn[turn]
         for turn in [t for t in self._waiting if t[0] == conversation]:
             del self._waiting[turn]
+        self._names.pop(conversation, None)  # its id stays once: its ConversationFacts' key
 
     def _refresh(self, turn: TurnKey) -> None:
         self._dirty.discard(turn)

@@ -83,6 +83,14 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
             "mhsafeeval.runtime.providers._local",
             "llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf> (extra: local)",
         ),
+        "http": (
+            "mhsafeeval.runtime.providers._http",
+            "An app reached over HTTP: http/<name>, its URL, body and reply path in options",
+        ),
+        "python": (
+            "mhsafeeval.runtime.providers._python",
+            "An app that is a Python callable: python/<module>:<function> or python/<file.py>:<f>",
+        ),
     },
 )
 
@@ -103,6 +111,9 @@ class ProviderInfo:
     environment: EnvironmentNames | None = None
     """The environment variables a table reads without naming them (see
     :data:`EnvironmentNames`)."""
+    own_prompt: bool = False
+    """The target is an application with a system prompt of its own (``http/``, ``python/``):
+    a counselor table of it is sent no system message unless it sets ``system_prompt``."""
 
 
 _declared: dict[str, ProviderInfo] = {}
@@ -116,6 +127,7 @@ def provider(
     check: SettingsCheck | None = None,
     prices: PriceCheck | None = None,
     environment: EnvironmentNames | None = None,
+    own_prompt: bool = False,
 ) -> Callable[[F], F]:
     """Register a provider factory under ``prefix``, with what it accepts.
 
@@ -129,6 +141,8 @@ def provider(
         prices: whether a table's calls will be priced (see :data:`PriceCheck`).
         environment: the environment variables a table reads without naming them (see
             :data:`EnvironmentNames`).
+        own_prompt: the target is an application with its own system prompt: counselors
+            send it none unless their table sets ``system_prompt``.
 
     Example:
         >>> import msgspec
@@ -150,7 +164,7 @@ def provider(
 
     def add(factory: F) -> F:
         register(factory)  # refuses a second factory unless replace
-        _declared[prefix] = ProviderInfo(factory, options, check, prices, environment)
+        _declared[prefix] = ProviderInfo(factory, options, check, prices, environment, own_prompt)
         return factory
 
     return add

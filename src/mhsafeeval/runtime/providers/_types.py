@@ -42,7 +42,8 @@ class CallParams(msgspec.Struct, frozen=True, kw_only=True):
 
     ``json_schema`` asks for output constrained to that JSON schema (providers that cannot
     constrain output say so through :attr:`ModelClient.supports_json_schema`; callers must then
-    validate the text themselves, which they should do anyway).
+    validate the text themselves, which they should do anyway). ``session_id`` tells a stateful
+    target which conversation a call continues.
 
     Example:
         >>> greedy = CallParams(temperature=0.0, max_tokens=200, seed=7)
@@ -56,6 +57,10 @@ class CallParams(msgspec.Struct, frozen=True, kw_only=True):
     stop: tuple[str, ...] = ()
     json_schema: dict[str, Any] | None = None
     schema_name: str = "output"
+    session_id: str | None = None
+    """The conversation this call belongs to, as a stable opaque id (the same for every call of
+    one conversation, in every run of a campaign), for targets that keep their own state per
+    session (``http/`` and ``python/`` apps). Models ignore it; ``None``: no conversation."""
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
