@@ -35,6 +35,7 @@ from mhsafeeval.runtime.providers._litellm import LiteLLMOptions
 from mhsafeeval.runtime.providers._local import LocalModel, LocalOptions
 from mhsafeeval.runtime.providers._registry import provider_info
 from mhsafeeval.runtime.providers._scripted import ScriptedOptions
+from mhsafeeval.runtime.providers._vllm import VllmOptions
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import register_script
 
@@ -50,7 +51,12 @@ HELLO = [ChatMessage("user", "hello")]
 
 @pytest.mark.parametrize(
     ("prefix", "options"),
-    [("scripted", ScriptedOptions), ("litellm", LiteLLMOptions), ("local", LocalOptions)],
+    [
+        ("scripted", ScriptedOptions),
+        ("litellm", LiteLLMOptions),
+        ("local", LocalOptions),
+        ("vllm", VllmOptions),
+    ],
 )
 def test_every_builtin_provider_declares_its_options_and_a_check(
     prefix: str, options: type[msgspec.Struct]

@@ -1,8 +1,9 @@
 """The LLM seam: one protocol, registered providers, and the policies wrapped around them.
 
 Addresses look like ``PREFIX/MODEL``: ``scripted/echo``, ``litellm/openai/gpt-4o-mini``,
-``litellm/hosted_vllm/my-model``. Provider SDKs are imported only when a model of theirs is
-opened.
+``litellm/hosted_vllm/my-model``, ``vllm/Qwen/Qwen2.5-0.5B-Instruct`` (in-process, GPU),
+``http/my-app`` and ``python/my_bot:reply`` (an app as the counselor). Provider SDKs are
+imported only when a model of theirs is opened.
 """
 
 from ._registry import (

@@ -83,6 +83,10 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
             "mhsafeeval.runtime.providers._local",
             "llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf> (extra: local)",
         ),
+        "vllm": (
+            "mhsafeeval.runtime.providers._vllm",
+            "vLLM in-process on a GPU: vllm/<Hub id or model folder> (extra: vllm)",
+        ),
         "http": (
             "mhsafeeval.runtime.providers._http",
             "An app reached over HTTP: http/<name>, its URL, body and reply path in options",
