@@ -293,6 +293,7 @@ def test_the_demo_ends_by_saying_what_its_numbers_are_and_where_to_go(
     assert "This was the offline demo" in err and "not a verdict on any model" in err
     assert f"the whole record:  {db}" in err
     assert f"mhsafeeval report {db} --html demo.html" in err
+    assert f"mhsafeeval view {db}" in err and "`mhsafeeval init`" in err
     assert "mhsafeeval check CONFIG" in err
     # with a config of one's own, no demo epilogue
     assert main(["run", str(stand_in), "--db", str(tmp_path / "own.db"), "--quiet"]) == 0

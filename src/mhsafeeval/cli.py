@@ -709,11 +709,12 @@ def _demo_epilogue(config: Config, db: Path) -> None:
         "tiny models on this CPU. Its numbers show the machinery working; they are not a "
         "verdict on any model (a model this small is not a reliable judge).\n"
         f"  the whole record:  {db}\n"
-        f"  the HTML report:   mhsafeeval report {db} --html demo.html  (then open demo.html)\n"
+        f"  the HTML report:   mhsafeeval view {db}  (or: mhsafeeval report {db} --html "
+        "demo.html)\n"
         f"  every exchange:    mhsafeeval export {db} --format csv --out demo.csv\n"
-        "  real models:       write a config with your counselor and hosted models for the "
-        "other roles (README: Run it against real models), check it with "
-        "`mhsafeeval check CONFIG`, then `mhsafeeval run CONFIG`",
+        "  real models:       `mhsafeeval init` writes a commented config to start from (your "
+        "counselor as a model, an HTTP app or a Python function; hosted models for the other "
+        "roles); check it with `mhsafeeval check CONFIG`, then `mhsafeeval run CONFIG`",
         file=sys.stderr,
     )
 
