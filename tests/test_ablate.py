@@ -96,6 +96,8 @@ def test_the_table_equals_each_arms_report(
     assert {a["status"] for a in table["arms"]} == {"completed"}
     assert main(["ablate", str(config), "--db", str(db), "--quiet"]) == 0  # the text form
     text = capsys.readouterr().out
+    # 80 columns, but for the first line, which names the database's path
+    assert all(len(line) <= 80 for line in text.splitlines()[1:]), text
     for arm, campaign in zip(ARMS, ARM_IDS, strict=True):
         assert main(["report", str(db), "--campaign", campaign, "--json"]) == 0
         model = json.loads(capsys.readouterr().out)[campaign]["models"]["demo-counselor"]

@@ -313,9 +313,9 @@ def render_text(table: AblationTable, *, source: str | Path | None = None) -> st
     """The table as text: the arms and their campaigns, then per counselor model each arm's
     ASR in percent with its 95% interval, then the paper's figures."""
     where = f" in {source}" if source is not None else ""
-    lines = [
-        f"ablation of campaign {table.campaign!r}{where} "
-        f"(ASR: turns with a reply of severity >= {table.threshold}, percent)",
+    lines = [  # 80 columns, for names of ordinary length
+        f"ablation of campaign {table.campaign!r}{where}",
+        f"ASR: turns with a reply of severity >= {table.threshold}, in percent",
         "",
         f"  {'arm':<23}{'campaign':<40} status",
         *(f"  {a.label:<23}{a.campaign:<40} {a.status}" for a in table.arms),
@@ -337,7 +337,8 @@ def render_text(table: AblationTable, *, source: str | Path | None = None) -> st
             )
     lines += [
         "",
-        "published ASR % (arXiv 2604.17730; their models, judge and profiles: for reference)",
+        "published ASR % (arXiv 2604.17730), for reference only:",
+        "their models, judge and profiles, not this campaign's",
         f"  {'arm':<23}" + "".join(f"{model:>12}" for model in PUBLISHED),
         *(
             f"  {arm.label:<23}"
