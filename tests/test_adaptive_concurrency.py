@@ -251,6 +251,30 @@ async def test_cancelled_calls_and_waiters_never_keep_a_slot() -> None:
     never_above_the_limit(endpoint)
 
 
+async def test_a_free_slot_is_taken_without_yielding_to_other_tasks() -> None:
+    # Each yield on the way to a call waits behind every other ready task: with many calls in
+    # flight it adds to every call's latency, so a free slot must not cost one.
+    limit = AdaptiveLimit(2, endpoint="fast-path")
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)  # ready to run at the next yield
+        async with limit.slot():
+            seen_inside = list(ran)
+            assert limit.borrowed_tokens == 1
+    assert seen_inside == [] and ran == ["other"]
+    assert limit.borrowed_tokens == 0
+    # A cancellation already pending is still raised before a slot is taken.
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        async with limit.slot():
+            pytest.fail("entered a slot inside a cancelled scope")
+    assert scope.cancelled_caught and limit.borrowed_tokens == 0
+
+
 async def test_tables_on_one_endpoint_share_the_adaptive_limit() -> None:
     shared = Connections()
     endpoint, cold = endpoint_model(

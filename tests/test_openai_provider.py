@@ -2,7 +2,8 @@
 
 Calls go through ``open_model`` as a campaign's do: the provider makes one HTTP request per
 attempt, :class:`ResilientClient` retries. Backoff waits are recorded, never slept. Every test
-runs on asyncio (aiohttp transport) and trio (httpx2 transport).
+runs on asyncio (aiohttp directly, ``transport = "auto"``) and trio (the SDK on httpx2); the
+tests under "transports" also run the SDK's path on asyncio.
 """
 
 from __future__ import annotations
@@ -401,6 +402,104 @@ async def test_the_key_is_never_in_an_error_or_log(
     assert not [text for text in shown if KEY in text]
 
 
+# -- transports -----------------------------------------------------------------------------
+
+
+def _sdk_post_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the SDK's ``post`` fail loudly; the paths it was called for."""
+    import openai
+
+    called: list[str] = []
+
+    async def refuse(self: Any, path: str, **kwargs: Any) -> Any:
+        called.append(path)
+        raise AssertionError("the SDK's post was called")
+
+    monkeypatch.setattr(openai.AsyncOpenAI, "post", refuse)
+    return called
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_auto_on_asyncio_sends_through_aiohttp_not_the_sdk(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called = _sdk_post_forbidden(monkeypatch)
+    async with open_fake(fake_settings(fake_openai), sleeps) as model:
+        assert (await model.complete(HELLO)).text == "hello"
+    assert called == []
+    settings = fake_settings(fake_openai, options={"transport": "sdk"}, max_attempts=1)
+    async with open_fake(settings, sleeps) as model:
+        with pytest.raises(ModelCallError, match="the SDK's post was called"):
+            await model.complete(HELLO)
+    assert called == ["/chat/completions"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_both_transports_send_the_same_request(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MHS_OPENAI_TEST_PROXY", "proxy-value")
+    options = {
+        "extra_headers": {"X-Team": "safety"},
+        "extra_headers_env": {"X-Proxy-Auth": "MHS_OPENAI_TEST_PROXY"},
+        "extra_body": {"top_k": 20},
+    }
+    for transport in ("auto", "sdk"):
+        settings = fake_settings(fake_openai, options={**options, "transport": transport})
+        async with open_fake(settings, sleeps) as model:
+            done = await model.complete(HELLO, CallParams(temperature=0.5, json_schema=SCHEMA))
+        assert done.text == "hello"
+    auto, sdk = fake_openai.requests
+    assert (auto.method, auto.path, auto.body) == (sdk.method, sdk.path, sdk.body)
+    for header in ("authorization", "content-type", "x-team", "x-proxy-auth"):
+        assert auto.headers[header] == sdk.headers[header], header
+    assert auto.headers["authorization"] == f"Bearer {KEY}"
+    assert auto.headers["content-type"] == "application/json"
+
+
+_ANSWERS = {
+    "429": (Reply.error(429, headers={"Retry-After": "7"}), TransientProviderError, 429, 7.0),
+    "503": (Reply.error(503), TransientProviderError, 503, None),
+    "401": (Reply.error(401), PermanentProviderError, 401, None),
+    "404": (Reply.error(404), PermanentProviderError, 404, None),
+    "drop": (Reply.drop(), TransientProviderError, None, None),
+    "malformed": (Reply.malformed(), TransientProviderError, None, None),
+}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("answer", list(_ANSWERS))
+async def test_both_transports_sort_an_answer_the_same(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep, answer: str
+) -> None:
+    reply, kind, status, wait = _ANSWERS[answer]
+    errors: list[BaseException] = []
+    for transport in ("auto", "sdk"):
+        fake_openai.script(reply)
+        model = open_fake(fake_settings(fake_openai, options={"transport": transport}), sleeps)
+        with pytest.raises(kind) as caught:
+            await inner(model).complete(HELLO)
+        await model.aclose()
+        errors.append(caught.value)
+    auto, sdk = errors
+    assert type(auto) is type(sdk)
+    assert (getattr(auto, "status", None), getattr(auto, "retry_after", None)) == (status, wait)
+    assert (getattr(sdk, "status", None), getattr(sdk, "retry_after", None)) == (status, wait)
+    if status is not None:  # the same exception name and status text as the SDK's
+        assert str(auto).split(" - ")[0] == str(sdk).split(" - ")[0]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_aiohttp_path_times_out_and_names_the_limit(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep
+) -> None:
+    fake_openai.default = Reply.chat().after(60)
+    model = open_fake(fake_settings(fake_openai, timeout=0.3), sleeps)
+    with pytest.raises(TransientProviderError, match=r"timed out after 0.3 s"):
+        await inner(model).complete(HELLO)
+    await model.aclose()
+
+
 # -- one client per endpoint ----------------------------------------------------------------
 
 
@@ -535,6 +634,7 @@ def test_declares_its_options_and_a_check() -> None:
     [
         ({"structured_outputs": "prompt"}, "options.structured_outputs", "unknown option"),
         ({"structured_output": "grammar"}, "options.structured_output", "invalid enum"),
+        ({"transport": "fast"}, "options.transport", "invalid enum"),
         ({"usd_per_million_prompt_tokens": -1.0}, "options.usd_per_million_prompt_tokens", ">="),
         (
             {"usd_per_million_prompt_tokens": 0.15},
@@ -600,6 +700,28 @@ def test_importing_mhsafeeval_does_not_import_openai() -> None:
         "assert 'litellm' not in sys.modules, 'litellm imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_calls_on_asyncio_never_import_the_sdk(fake_openai: FakeOpenAI) -> None:
+    # Importing the SDK costs about a second of start-up; the aiohttp path does not need it,
+    # errors included (a 429 is sorted without it).
+    fake_openai.script(Reply.error(429), Reply.chat("fine"))
+    code = (
+        "import sys, asyncio\n"
+        "from mhsafeeval.runtime.providers import ModelSettings, ChatMessage, open_model\n"
+        "async def main():\n"
+        f"    settings = ModelSettings(provider='openai/m', api_base='{fake_openai.url}/v1',\n"
+        "                             max_attempts=2, backoff_initial=0.01, backoff_max=0.01)\n"
+        "    model = open_model(settings)\n"
+        "    done = await model.complete([ChatMessage('user', 'hi')])\n"
+        "    await model.aclose()\n"
+        "    assert (done.text, done.attempts) == ('fine', 2), done\n"
+        "asyncio.run(main())\n"
+        "assert 'openai' not in sys.modules, 'the SDK was imported'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
+    assert len(fake_openai.requests) == 2
 
 
 # -- a campaign whose counselor is openai/ --------------------------------------------------

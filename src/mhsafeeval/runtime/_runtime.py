@@ -513,7 +513,10 @@ class Runtime:
         try:
             if width > 1:
                 async with anyio.create_task_group() as tg:
-                    await self._drain_concurrently(mbox, tg, anyio.Semaphore(width))
+                    # fast_acquire: a free slot does not yield to the event loop first (it
+                    # would once per message, each yield adding to a model call's latency).
+                    slots = anyio.Semaphore(width, fast_acquire=True)
+                    await self._drain_concurrently(mbox, tg, slots)
             else:
                 await self._drain_in_order(mbox)
         finally:

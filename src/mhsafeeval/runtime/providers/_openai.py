@@ -1,29 +1,42 @@
 """``openai/<model>``: OpenAI's API, or any server that speaks it (vLLM, llama.cpp, Ollama).
 
-A lean path on the official ``openai`` SDK, for when CPU per call matters (many
-conversations in flight): about 1.3 ms of CPU per call at 64 in flight, a fraction of what
-``litellm/`` costs. ``<model>`` is the
-model's name as the server knows it (``openai/gpt-4o-mini``, ``openai/Qwen/Qwen2.5-7B``).
+A lean path for when CPU per call matters (many conversations in flight): about 0.3 ms of CPU
+per call at 64 in flight on asyncio (``benchmarks/provider_cpu.py``), a small fraction of what
+``litellm/`` costs. ``<model>`` is the model's name as the server knows it
+(``openai/gpt-4o-mini``, ``openai/Qwen/Qwen2.5-7B``).
 
 * ``api_base``: the server, ``https://api.openai.com/v1`` by default.
 * ``api_key_env``: the variable holding the key; by default ``OPENAI_API_KEY`` for OpenAI
   itself. A server of your own (``api_base`` set, no ``api_key_env``) gets a placeholder key,
   ``no-key-needed``, because the SDK always sends one.
 
-Every model table on one endpoint (base URL, key variable and headers) shares one
-``AsyncOpenAI`` client in the process. Its connection pool is sized when the first call is
-made, to the calls the tables opened by then may have in flight, and grows (a new client,
-the old one closed once its requests are answered) when a wider table joins. The client
-is closed when the last model using it closes. The SDK's retries are off: one
+Every model table on one endpoint (base URL, key variable, headers and transport) shares one
+HTTP client in the process (an ``aiohttp.ClientSession`` or an ``AsyncOpenAI``, below). Its
+connection pool is sized when the first call is made, to the calls the tables opened by then
+may have in flight, and grows (a new client, the old one closed once its requests are
+answered) when a wider table joins. The client
+is closed when the last model using it closes. Nothing retries inside it (the SDK's own
+retries are off): one
 :meth:`OpenAIModel.complete` is one HTTP request, and
 :class:`~mhsafeeval.runtime.providers.ResilientClient` owns retries, backoff and deadlines.
 
-Each call goes through the SDK's plain ``post`` (the way its README gives for any endpoint),
-with the body encoded and the answer decoded by msgspec: the typed ``chat.completions.create``
-path (and its ``with_raw_response``) transforms and validates the request parameters, which
-doubles the CPU of a call. On
-asyncio the HTTP transport is aiohttp (the SDK's ``DefaultAioHttpClient``), which costs half
-the CPU of httpx2's pool at 64 connections; other event loops (trio) use httpx2.
+How a request is sent (``options.transport``):
+
+* ``auto`` (the default): on asyncio, straight through aiohttp, the HTTP library the SDK itself
+  uses there (its ``DefaultAioHttpClient``): one ``aiohttp.ClientSession`` per endpoint, the
+  body encoded and the answer decoded by msgspec. The SDK's request machinery (option and
+  header merging, URL building, its httpx2 request and response objects over aiohttp) costs
+  about 0.8 ms of CPU per call, three times what the HTTP exchange itself costs (measured at 64
+  in flight: 1.1 ms against 0.3 ms), and it is most of what a campaign spends per call. Other
+  event loops (trio) use the SDK, as ``sdk`` does.
+* ``sdk``: every request through the SDK's plain ``post`` (the way its README gives for any
+  endpoint), with the body encoded and the answer decoded by msgspec, on aiohttp under asyncio
+  and httpx2 otherwise. The typed ``chat.completions.create`` path (and its
+  ``with_raw_response``) is not used: it transforms and validates the request parameters, which
+  doubles the CPU of a call again.
+
+Both send the same request (method, path, body, ``Authorization: Bearer``, the table's
+headers) and sort the same answers the same way.
 
 How failures are sorted:
 
@@ -37,6 +50,9 @@ A 4xx/5xx refusing the ``response_format`` it was sent     step down (see below)
 OpenAIError that is no APIError (the SDK refused to send)  permanent
 =========================================================  ===========================
 
+On the aiohttp path the same statuses sort the same way, and aiohttp's connection errors and
+timeouts are transient, as the SDK's are.
+
 Structured output uses the three modes of the ``litellm/`` path
 (:mod:`~mhsafeeval.runtime.providers._openai_compat`): ``auto`` starts at ``json_schema``,
 and a server that refuses a mode steps the model down once, for good. No message built here
@@ -49,12 +65,14 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import msgspec
 
+from ... import __version__ as _version
 from .._logging import register_secret
 from ._openai_compat import (
     Mode,
@@ -108,6 +126,9 @@ Price = Annotated[float, msgspec.Meta(ge=0)]
 class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The ``options`` of an ``openai/...`` model table."""
 
+    transport: Literal["auto", "sdk"] = "auto"
+    """How requests are sent: ``auto``, aiohttp directly on asyncio (the SDK elsewhere);
+    ``sdk``, always through the SDK's ``post`` (see the module docstring)."""
     structured_output: StructuredOutput = "auto"
     """The structured-output mode to start from; ``auto``: ``json_schema``. A server that
     refuses a mode still steps down from it."""
@@ -149,6 +170,7 @@ class _Reply(msgspec.Struct):
     usage: _Usage | None = None
 
 
+_USER_AGENT = f"mhsafeeval/{_version} (openai-compatible; aiohttp)"
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder(_Reply).decode
 _JSON = {"Content-Type": "application/json"}  # the body is sent as bytes, already encoded
@@ -205,16 +227,24 @@ class _Endpoint:
     largest ``max_concurrency``, added up over the keys.
     """
 
-    def __init__(self, key: tuple[Any, ...], base: str, api_key: str, headers: dict[str, str]):
+    def __init__(
+        self,
+        key: tuple[Any, ...],
+        base: str,
+        api_key: str,
+        headers: dict[str, str],
+        transport: str = "auto",
+    ):
         self.key = key
+        self.transport = transport
         self._base = base
         self._api_key = api_key
         self._headers = headers
         self._users: dict[int, tuple[str, int]] = {}
-        self._client: openai.AsyncOpenAI | None = None
+        self._client: _Client | None = None
         self._size = 0
         self._in_flight: dict[int, int] = {}  # id(client) -> requests in flight
-        self._retired: dict[int, openai.AsyncOpenAI] = {}  # replaced, closed once idle
+        self._retired: dict[int, _Client] = {}  # replaced, closed once idle
         self._loop: object = None  # the event loop the client was made on
 
     @property
@@ -231,7 +261,7 @@ class _Endpoint:
         return self._size
 
     @property
-    def client(self) -> openai.AsyncOpenAI | None:
+    def client(self) -> _Client | None:
         """The client calls go to now (``None`` before the first call)."""
         return self._client
 
@@ -244,7 +274,7 @@ class _Endpoint:
         return not self._users
 
     @contextlib.asynccontextmanager
-    async def using(self) -> AsyncIterator[openai.AsyncOpenAI]:
+    async def using(self) -> AsyncIterator[_Client]:
         """The client for one request, counted as in flight while it is used."""
         width = self.width
         client = self._client
@@ -256,7 +286,8 @@ class _Endpoint:
             client = self._client = None
         if client is None or self._size < width:
             self._loop = loop
-            old, client = client, _new_client(self._base, self._api_key, self._headers, width)
+            old = client
+            client = _new_client(self._base, self._api_key, self._headers, width, self.transport)
             self._client, self._size = client, width
             if old is not None:
                 self._retired[id(old)] = old  # closed once its last request is answered
@@ -284,13 +315,19 @@ class _Endpoint:
             await _close(client)
 
 
-def _new_client(base: str, api_key: str, headers: dict[str, str], width: int) -> Any:
+def _new_client(
+    base: str, api_key: str, headers: dict[str, str], width: int, transport: str = "auto"
+) -> _Client:
+    has_aiohttp = importlib.util.find_spec("aiohttp") is not None
+    on_asyncio = _async_library() == "asyncio"
+    if transport == "auto" and on_asyncio and has_aiohttp:
+        return _AiohttpClient(base, api_key, headers, width)
     import httpx2
     import openai
 
     limits = httpx2.Limits(max_connections=width, max_keepalive_connections=width)
     http_client: Any
-    if _async_library() == "asyncio" and importlib.util.find_spec("aiohttp") is not None:
+    if on_asyncio and has_aiohttp:
         http_client = openai.DefaultAioHttpClient(limits=limits)
     else:
         http_client = openai.DefaultAsyncHttpxClient(limits=limits)
@@ -301,6 +338,85 @@ def _new_client(base: str, api_key: str, headers: dict[str, str], width: int) ->
         default_headers=headers or None,
         http_client=http_client,
     )
+
+
+_SDK_NAMES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+}
+
+
+class HTTPStatusError(Exception):
+    """An HTTP error answer on the aiohttp path (the SDK's ``APIStatusError`` there);
+    :attr:`kind` is the name of the SDK's exception for its status, which error messages use.
+    """
+
+    def __init__(self, status: int, body: str, headers: Mapping[str, str]) -> None:
+        super().__init__(f"Error code: {status} - {body}")
+        self.status_code = status
+        self.body = body
+        self.headers = headers
+        self.kind = _SDK_NAMES.get(status) or (
+            "InternalServerError" if status >= 500 else "APIStatusError"
+        )
+
+
+class _AiohttpClient:
+    """The HTTP exchange of one chat request, on one ``aiohttp.ClientSession`` per endpoint:
+    what the SDK's ``post`` sends (``Authorization: Bearer``, the table's headers, a JSON body),
+    without its request machinery (see the module docstring). Made on the event loop it serves.
+    """
+
+    def __init__(self, base: str, api_key: str, headers: dict[str, str], width: int) -> None:
+        import aiohttp
+
+        self._url = f"{base}/chat/completions"
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=width, limit_per_host=width),
+            headers={
+                "Authorization": f"Bearer {api_key}",
+                "Accept": "application/json",
+                "User-Agent": _USER_AGENT,
+                **headers,
+            },
+        )
+        self._timeouts: dict[float | None, Any] = {}
+
+    async def chat(self, body: bytes, *, limit_s: float | None, headers: dict[str, str]) -> bytes:
+        """POST ``body`` to ``/chat/completions``; the answer's bytes.
+
+        Raises:
+            HTTPStatusError: an answer of status 400 or more.
+            aiohttp.ClientError, TimeoutError: no answer.
+        """
+        limit = self._timeouts.get(limit_s)
+        if limit is None:
+            import aiohttp
+
+            limit = self._timeouts[limit_s] = aiohttp.ClientTimeout(total=limit_s)
+        async with self._session.post(
+            self._url, data=body, headers=headers, timeout=limit
+        ) as response:
+            content = await response.read()
+            if response.status >= 400:
+                text = content.decode("utf-8", "replace")
+                raise HTTPStatusError(response.status, text, dict(response.headers))
+            return content
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def is_closed(self) -> bool:
+        return bool(self._session.closed)
+
+
+if TYPE_CHECKING:
+    _Client = openai.AsyncOpenAI | _AiohttpClient
 
 
 def _async_library() -> str:
@@ -353,10 +469,11 @@ class OpenAIModel:
         base = _base(settings)
         env = settings.api_key_env or ""
         static = dict(options.extra_headers)
-        key = (base, env, api_key, tuple(sorted(static.items())))
+        transport = options.transport
+        key = (base, env, api_key, tuple(sorted(static.items())), transport)
         endpoint = _endpoints.get(key)
         if endpoint is None:
-            endpoint = _endpoints[key] = _Endpoint(key, base, api_key, static)
+            endpoint = _endpoints[key] = _Endpoint(key, base, api_key, static, transport)
         self.endpoint = endpoint
         endpoint.join(self, self.connection_key, settings.max_concurrency)
         self._request_options: openai.RequestOptions = {
@@ -411,27 +528,40 @@ class OpenAIModel:
     async def _send(self, body: dict[str, Any]) -> _Reply:
         if self._closed:
             raise PermanentProviderError(f"{self.name}: the model is closed")
-        import httpx2
-
-        options = self._request_options
+        headers = _JSON
         if self._options.extra_headers_env:
-            headers = env_headers(self.name, self._options.extra_headers_env)
-            options = {"timeout": self._settings.timeout, "headers": {**_JSON, **headers}}
+            headers = {**_JSON, **env_headers(self.name, self._options.extra_headers_env)}
         try:
             async with self.endpoint.using() as client:
-                response = await client.post(
-                    "/chat/completions",
-                    cast_to=httpx2.Response,
-                    content=_ENCODE(body),
-                    options=options,
-                )
-            return _DECODE(response.content)
+                if isinstance(client, _AiohttpClient):
+                    content = await client.chat(
+                        _ENCODE(body), limit_s=self._settings.timeout, headers=headers
+                    )
+                else:
+                    content = await self._sdk_post(client, body, headers)
+            return _DECODE(content)
         except Exception as exc:  # cancellation is a BaseException and passes through
             error = classify_openai_error(
-                exc, secret=self._api_key, response_format="response_format" in body
+                exc,
+                secret=self._api_key,
+                response_format="response_format" in body,
+                timeout=self._settings.timeout,
             )
             key = self._api_key
             raise error from (None if key and key in str(exc) else exc)
+
+    async def _sdk_post(
+        self, client: openai.AsyncOpenAI, body: dict[str, Any], headers: dict[str, str]
+    ) -> bytes:
+        import httpx2
+
+        options = self._request_options
+        if headers is not _JSON:
+            options = {"timeout": self._settings.timeout, "headers": headers}
+        response = await client.post(
+            "/chat/completions", cast_to=httpx2.Response, content=_ENCODE(body), options=options
+        )
+        return bytes(response.content)
 
     async def aclose(self) -> None:
         """Leave the shared client; the last model on the endpoint closes it. Idempotent;
@@ -446,38 +576,68 @@ class OpenAIModel:
 
 
 def classify_openai_error(
-    exc: BaseException, *, secret: str | None = None, response_format: bool = False
+    exc: BaseException,
+    *,
+    secret: str | None = None,
+    response_format: bool = False,
+    timeout: float | None = None,
 ) -> TransientProviderError | PermanentProviderError:
     """Sort a failure of one request into transient or permanent (module docstring's table).
 
     ``secret`` (the API key) is scrubbed from the message, which names the innermost cause
     (aiohttp's "Server disconnected", say). ``response_format``: the request sent one, so an
-    answer refusing it is a :class:`SchemaRejectedError`.
+    answer refusing it is a :class:`SchemaRejectedError`. ``timeout``: the request's, named
+    when the aiohttp path timed out.
     """
-    import openai
-
+    # The SDK's exceptions exist only once it was imported: the aiohttp path never imports it.
+    sdk: Any = sys.modules.get("openai")
     message = error_text(exc, secret)
+    if isinstance(exc, HTTPStatusError):
+        message = message.replace(type(exc).__name__, exc.kind, 1)
     cause = _innermost(exc)
     if cause is not exc and str(cause):
         message = f"{message} ({error_text(cause, secret)})"
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        if response_format and names_response_format(f"{exc} {exc.body}", status):
+    statuses: tuple[type[BaseException], ...] = (HTTPStatusError,)
+    if sdk is not None:
+        statuses += (sdk.APIStatusError,)
+    if isinstance(exc, statuses):
+        status = exc.status_code  # type: ignore[attr-defined]
+        text = f"{exc} {exc.body}"  # type: ignore[attr-defined]
+        if response_format and names_response_format(text, status):
             return SchemaRejectedError(message, status=status)
-        retry_after = retry_after_in((exc.response.headers,))
+        if isinstance(exc, HTTPStatusError):
+            headers: Any = exc.headers
+        else:
+            headers = exc.response.headers  # type: ignore[attr-defined]
+        retry_after = retry_after_in((headers,))
         return by_status(message, status, retry_after=retry_after, response_format=False)
-    transient = (
-        openai.APIConnectionError,  # APITimeoutError too
-        openai.APIResponseValidationError,
+    if isinstance(exc, TimeoutError) and not (sdk is not None and isinstance(exc, sdk.OpenAIError)):
+        # aiohttp's timeouts (asyncio.TimeoutError, ServerTimeoutError) say little themselves
+        limit = f" after {timeout:g} s" if timeout is not None else ""
+        return TransientProviderError(f"request timed out{limit}: {message}")
+    transient: tuple[type[BaseException], ...] = (
         msgspec.DecodeError,  # a 200 whose body is not a chat completion
-        TimeoutError,
         ConnectionError,
+        *_aiohttp_errors(),
     )
+    permanent: tuple[type[BaseException], ...] = (PermanentProviderError,)
+    if sdk is not None:
+        transient += (sdk.APIConnectionError, sdk.APIResponseValidationError)  # timeouts too
+        permanent += (sdk.OpenAIError,)
     if isinstance(exc, transient):
         return TransientProviderError(message)
-    if isinstance(exc, (openai.OpenAIError, PermanentProviderError)):
+    if isinstance(exc, permanent):
         return PermanentProviderError(message)
     return PermanentProviderError(f"unexpected {message}")
+
+
+def _aiohttp_errors() -> tuple[type[BaseException], ...]:
+    """aiohttp's errors of a request that got no answer (connection, payload, redirects...)."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - the SDK's aiohttp extra is a dependency
+        return ()
+    return (aiohttp.ClientError,)
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -512,11 +672,16 @@ def openai_prices(model: str, settings: ModelSettings) -> bool:
 def openai_factory(model: str, settings: ModelSettings) -> OpenAIModel:
     """OpenAI's API or any OpenAI-compatible server, on the official openai SDK."""
     try:  # here, not at the first call, so that its latency does not include the import
-        import httpx2  # noqa: F401 - the SDK's HTTP client
-        import openai  # noqa: F401
+        if typed_options(settings, OpenAIOptions).transport == "sdk":
+            import httpx2  # noqa: F401 - the SDK's HTTP client
+            import openai  # noqa: F401
+        elif importlib.util.find_spec("openai") is None:
+            raise ImportError("openai")
+        else:  # the aiohttp path on asyncio; the SDK is imported if it is used (trio)
+            import aiohttp  # noqa: F401
     except ImportError as exc:
         raise ProviderUnavailable(
-            "the openai provider needs the openai package: pip install openai"
+            "the openai provider needs the openai package: pip install 'openai[aiohttp]'"
         ) from exc
     env = _key_env(settings)
     api_key = NO_KEY
