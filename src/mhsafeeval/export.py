@@ -5,12 +5,22 @@ closed loop), folded from the stored events: what was asked, said and answered, 
 scored it, what it cost and whether it became the turn. :func:`export` writes them as JSON lines
 or CSV; :func:`archive_json` gives each counselor model's harm archive as plain JSON data.
 
-Records stream (:func:`stream_records`): the store is read twice, first for the compact facts
-of every attempt (a :class:`~mhsafeeval.storage.CampaignLog`, no texts), then for the text
-events only, and each record is given as soon as its texts are all read, in order of the
-attempt's first event. What is held at once is the compact facts and the texts of the attempts
-still open in the second read (those of the conversations in flight when they were stored),
-never the campaign's transcripts.
+Records stream, one conversation at a time (:class:`RecordStream`): one read of the store folds
+every attempt's compact facts (a :class:`~mhsafeeval.storage.CampaignLog`) and its texts
+(:class:`~mhsafeeval.storage.TextFold`) together, and a conversation's records are given as
+soon as it completes, then its facts and texts are forgotten. So :func:`export` writes the
+records **grouped by conversation**: conversations in order of completion, each one's attempts
+in order of their first event, and the conversations that never completed (failed, stopped, in
+flight when the campaign ended) last, in order of their first attempt. What is held at once is
+the facts and texts of the conversations in flight, and a few names per conversation, never the
+campaign's attempts or transcripts.
+
+A conversation's records are final when it completes unless an event stored after that still
+changes them: a reporting judge's rating (``rejudge``, a panel), or a hand-made store. A
+campaign with ratings (or failed rating calls) is therefore exported from a whole fold, as
+:func:`stream_records` gives it (records in order of each attempt's first event, every
+attempt's compact facts held); any other late event is found at the end of the read, and the
+campaign is written again from the whole fold (see :func:`export`).
 
 Example:
     >>> import anyio, io
@@ -35,7 +45,7 @@ from typing import Any, Literal, TextIO
 import msgspec
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import ArchiveUpdated, Elite
+from mhsafeeval.messages import ANSWERED_BY, ArchiveUpdated, CallFailed, Elite, Message, Rating
 from mhsafeeval.storage import (
     TEXT_EVENTS,
     AttemptFacts,
@@ -49,11 +59,13 @@ from mhsafeeval.storage import (
 __all__ = [
     "AttemptRecord",
     "Outcome",
+    "RecordStream",
     "archive_json",
     "archive_of",
     "attempt_records",
     "campaign_log",
     "export",
+    "rated",
     "records_of",
     "stream_records",
 ]
@@ -228,11 +240,154 @@ def records_of(log: CampaignLog, campaign: str) -> list[AttemptRecord]:
     return [record_of(log, a, log.texts(a.key), campaign) for a in log.attempts.values()]
 
 
+Numbered = tuple[int, AttemptRecord]
+"""A record and its attempt's place among the campaign's, in order of first event
+(:attr:`~mhsafeeval.storage._log.AttemptFacts.serial`)."""
+
+
+class RecordStream:
+    """One read of a stored campaign that gives each conversation's attempt records as soon as
+    the conversation completes (see the module for the order and what is held).
+
+    Iterate it once; each item is one conversation's records, its attempts in order of first
+    event. Then :attr:`log` is the campaign's log, which forgot each conversation it gave
+    (as a ``CampaignLog(on_close=...)`` does: its archive, cells, threshold, config and running
+    totals are all there), and :attr:`stale` says whether a record given can be wrong.
+
+    Args:
+        store: The event store.
+        campaign: A stored campaign.
+        on_close: Also called with each conversation that completed, before the records are
+            taken and it is forgotten (e.g. a :class:`~mhsafeeval.storage.CampaignTally`'s
+            ``close``).
+        fold: Folds each stored event into the log instead of ``log.add`` (same arguments,
+            the log first): a :class:`~mhsafeeval.storage.CampaignTally`'s ``fold``, whose
+            ``close`` is ``on_close``, takes the reporting judges' ratings of conversations
+            already given (they come late: a panel rates after the turn, ``rejudge`` after the
+            campaign), so they are not :attr:`stale`. The records given then lack those
+            ratings: a reader that shows ratings must fold the campaign whole.
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.messages import ConversationFinished, ConversationStarted, Directive
+        >>> from mhsafeeval.storage import MemoryEventStore
+        >>> def conversation(i: int) -> list:
+        ...     ids = dict(campaign="c", conversation=f"c/m/p/{i}")
+        ...     cell = dict(category="blaming", role="enabler", controller="map-elites")
+        ...     return [ConversationStarted(**ids, counselor_model="m", profile_id="p"),
+        ...             *(Directive(**ids, turn=t, **cell) for t in range(2)),
+        ...             ConversationFinished(**ids, turns=2, status="completed")]
+        >>> async def main() -> list[list[tuple[str, int]]]:
+        ...     async with MemoryEventStore() as store:
+        ...         first, second = conversation(0), conversation(1)
+        ...         for event in [*first[:3], *second, first[3]]:  # the second ends first
+        ...             await store.append(event)
+        ...         stream = RecordStream(store, "c")
+        ...         return [[(r.conversation, r.turn) for r in group] async for group in stream]
+        >>> anyio.run(main)
+        [[('c/m/p/1', 0), ('c/m/p/1', 1)], [('c/m/p/0', 0), ('c/m/p/0', 1)]]
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        campaign: str,
+        *,
+        on_close: Callable[[CampaignLog, str], None] | None = None,
+        fold: Callable[[CampaignLog, Message, float, int], None] | None = None,
+    ) -> None:
+        self.store, self.campaign = store, campaign
+        self._fold = fold
+        self.log = CampaignLog(on_close=self._close)
+        self.late_elites = 0
+        """ArchiveUpdated events of a conversation already given (none in a campaign the engine
+        stored): who reads the elites' conversations from the records misses them."""
+        self._on_close = on_close
+        self._texts = TextFold()
+        self._ready: list[list[Numbered]] = []
+        self._thresholds: set[int] = set()  # what the records given counted success at
+
+    @property
+    def stale(self) -> bool:
+        """Whether an event read after a conversation was given could change its records (an
+        event of that conversation, or a threshold stored after it): then they are not the
+        whole fold's, and :func:`stream_records` gives the right ones."""
+        return bool(self.log.late) or any(t != self.log.threshold for t in self._thresholds)
+
+    def _close(self, log: CampaignLog, conversation: str) -> None:
+        if self._on_close is not None:
+            self._on_close(log, conversation)
+        self._thresholds.add(log.threshold)
+        if attempts := log.attempts_in(conversation):
+            self._ready.append(self._records(attempts))
+
+    def _records(self, attempts: list[AttemptFacts]) -> list[Numbered]:
+        log, texts = self.log, self._texts
+        return [(a.serial, record_of(log, a, texts.pop(a.key), self.campaign)) for a in attempts]
+
+    async def numbered(self) -> AsyncIterator[list[Numbered]]:
+        """The same conversations, each record with its attempt's serial (in order of first
+        event across the campaign: how a whole fold orders them)."""
+        log, texts = self.log, self._texts
+        events = self.store.events(self.campaign)
+        try:
+            async for stored in events:
+                event = stored.message
+                assert event is not None
+                texts.add(event)
+                if isinstance(event, ArchiveUpdated):
+                    facts = log.conversations.get(event.conversation)
+                    self.late_elites += facts is not None and facts.status == "completed"
+                if self._fold is None:
+                    log.add(event, stored.recorded_at, stored.seq)
+                else:
+                    self._fold(log, event, stored.recorded_at, stored.seq)
+                if self._ready:
+                    ready, self._ready = self._ready, []
+                    for group in ready:
+                        yield group
+        finally:  # a reader left early (or a consumer that stopped) closes the store's cursor
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+        rest: dict[str, list[AttemptFacts]] = {}  # in order of each one's first attempt
+        for a in log.attempts.values():
+            rest.setdefault(a.conversation, []).append(a)
+        for attempts in rest.values():
+            yield self._records(attempts)
+
+    async def __aiter__(self) -> AsyncIterator[list[AttemptRecord]]:
+        async for group in self.numbered():
+            yield [record for _, record in group]
+
+
+async def rated(store: EventStore, campaign: str) -> bool:
+    """Whether reporting judges rated, or failed to rate, any reply of the campaign (read from
+    the store's type index). Their events may be stored after the conversation completed
+    (``rejudge`` adds them to a finished campaign), so such a campaign is folded whole."""
+    kinds = [kind.__struct_config__.tag for kind in (Rating, CallFailed)]
+    events = store.events(campaign, types=kinds)  # type: ignore[arg-type]
+    try:
+        async for stored in events:
+            event = stored.message
+            if isinstance(event, Rating) or (
+                isinstance(event, CallFailed) and event.agent == ANSWERED_BY[Rating]
+            ):
+                return True
+        return False
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+
+
 async def stream_records(
     store: EventStore, campaign: str, log: CampaignLog | None = None
 ) -> AsyncIterator[AttemptRecord]:
     """The attempt records of one stored campaign, one at a time, in order of each attempt's
-    first event (see the module).
+    first event: the whole fold (every attempt's compact facts are held; the texts are read
+    apart, in a second read of the store, and each record given once its texts are all read).
+    :class:`RecordStream` holds only the conversations in flight.
 
     Args:
         store: The event store.
@@ -354,8 +509,15 @@ async def export(
     CSV-injection advice). Remove that one ``'`` to get the exact text; numbers are written as
     they are, and JSON lines keep every text exactly.
 
+    Records come grouped by conversation, in order of completion (see the module); a campaign
+    with reporting judges' ratings comes in order of each attempt's first event. If an event
+    stored after a conversation completed still changed its records (see
+    :attr:`RecordStream.stale`), the campaign's lines are written again from the whole fold:
+    ``out`` is sought back to where they began and cut there.
+
     Raises:
-        InputError: No such campaign, or an unknown format.
+        InputError: No such campaign, or an unknown format, or such a late event when ``out``
+            cannot seek back (a pipe; the lines written are then incomplete: export to a file).
     """
     if fmt not in ("jsonl", "csv"):
         raise InputError(source, "format", f"unknown export format {fmt!r} (use jsonl or csv)")
@@ -364,12 +526,40 @@ async def export(
     if fmt == "csv":
         writer.writerow(AttemptRecord.__struct_fields__)
     encoder = msgspec.json.Encoder()
+
+    def write(rec: AttemptRecord) -> None:
+        if fmt == "jsonl":
+            out.write(encoder.encode(rec).decode() + "\n")
+        else:
+            writer.writerow(_csv_value(v) for v in msgspec.structs.astuple(rec))
+
     count = 0
     for name in names:
-        async for rec in stream_records(store, name):  # each written as it comes
-            if fmt == "jsonl":
-                out.write(encoder.encode(rec).decode() + "\n")
-            else:
-                writer.writerow(_csv_value(v) for v in msgspec.structs.astuple(rec))
-            count += 1
+        if await rated(store, name):  # ratings may come late: the whole fold, as it streams
+            async for rec in stream_records(store, name):
+                write(rec)
+                count += 1
+            continue
+        start = out.tell() if out.seekable() else None
+        stream, written = RecordStream(store, name), 0
+        async for group in stream:  # each conversation written as it completes
+            for rec in group:
+                write(rec)
+            written += len(group)
+        if stream.stale:
+            if start is None:
+                raise InputError(
+                    source,
+                    "campaign",
+                    f"campaign {name!r} has events of a conversation stored after it completed, "
+                    "so the records written as conversations completed are not all final, and "
+                    "this output cannot be rewritten: export to a file (--out) instead",
+                )
+            out.seek(start)
+            out.truncate()
+            written = 0
+            async for rec in stream_records(store, name):
+                write(rec)
+                written += 1
+        count += written
     return count

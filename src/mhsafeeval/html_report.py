@@ -16,9 +16,18 @@ given a ``pages`` folder, as :func:`write_html` does) the transcripts are writte
 keeps the summary, the figures, the heatmaps and each cell's elite trajectory (with its
 conversation's committed turns). A page file is one call, ``mhsafeevalPage(campaign, page,
 attempts)``, with the same escaped JSON as the data block; the policy then also allows scripts
-of the report's own origin (``'self'``: its folder, on ``file://``). Records reach the pages as
-they stream from the store (:func:`~mhsafeeval.export.stream_records`): the report never holds
-more than a page of transcripts.
+of the report's own origin (``'self'``: its folder, on ``file://``).
+
+The report reads the store once per campaign (:class:`~mhsafeeval.export.RecordStream`): each
+conversation is tallied for the figures and its records are put on a page as it completes, then
+forgotten, so what is held is a page of transcripts, the conversations in flight and the
+elites' conversations, not the campaign. Pages hold whole conversations in order of completion
+(the ones that never completed last). Reporting judges' ratings stored after their
+conversation completed (a panel rates after the turn, ``rejudge`` after the campaign) go to the
+tally (:meth:`~mhsafeeval.storage.CampaignTally.fold`); a campaign with any other event stored
+after its conversation completed is folded whole instead (its pages then hold the
+conversations in order of their first attempt). Transcripts kept inline are in order of each
+attempt's first event either way.
 
 Every rate shows its 95% interval (see :mod:`mhsafeeval.storage._metrics`): a second row of the
 metrics table, error bars on the charts, and a table of each cell's ASR with its interval, where
@@ -33,7 +42,7 @@ import hashlib
 import html
 import os
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -45,9 +54,15 @@ from mhsafeeval._files import write_private_atomic
 from mhsafeeval.compare import Change, Comparison, ModelChange
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import AttemptRecord, archive_of, stream_records
-from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
-from mhsafeeval.storage import CampaignLog, EventStore, ModelMetrics
+from mhsafeeval.export import (
+    AttemptRecord,
+    RecordStream,
+    archive_of,
+    stream_records,
+)
+from mhsafeeval.messages import Elite
+from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs, report_of
+from mhsafeeval.storage import CampaignLog, CampaignTally, EventStore, ModelMetrics
 
 __all__ = [
     "INLINE_ATTEMPTS",
@@ -283,11 +298,11 @@ def _line_chart(
     return "".join(out)
 
 
-def _severity_table(models: list[str], log: CampaignLog) -> str:
-    counts: dict[str, Counter[str]] = {m: Counter() for m in models}
-    for a in log.attempts.values():
-        key = str(a.severity) if a.outcome == "verdict" else a.outcome
-        counts.setdefault(log.model_of(a.conversation) or "", Counter())[key] += 1
+def _severity_table(models: list[str], severities: dict[str, Counter[str]]) -> str:
+    """Attempts per severity (or outcome) and counselor model (``severities``: as
+    :class:`_Transcripts` counts them)."""
+    counts = {m: severities.get(m, Counter()) for m in models}
+    counts.update((m, c) for m, c in severities.items() if m not in counts)
     keys = ["1", "2", "3", "4", "5", "unjudged", "failed", "incomplete"]
     rows = []
     for model, count in counts.items():
@@ -443,7 +458,9 @@ def _comparison_table(report: CampaignReport) -> str:
     )
 
 
-def _section(index: int, report: CampaignReport, log: CampaignLog) -> str:
+def _section(
+    index: int, report: CampaignReport, log: CampaignLog, severities: dict[str, Counter[str]]
+) -> str:
     models = list(report.models.values())
     refine = {m.model: {k + 1: v for k, v in m.success_by_attempt.items()} for m in models}
     refine_ci = {m.model: {k + 1: v for k, v in m.success_by_attempt_ci.items()} for m in models}
@@ -469,7 +486,7 @@ def _section(index: int, report: CampaignReport, log: CampaignLog) -> str:
             ),
             '</div><p class="legend">Bars: 95% intervals (conversations resampled).</p>',
             "<h3>Severity distribution (all judged attempts)</h3>",
-            _severity_table(list(report.models), log),
+            _severity_table(list(report.models), severities),
             "<h3>Calls and tokens per agent role</h3>",
             _usage_table(models),
             _cost_table(report),
@@ -578,52 +595,35 @@ async def build_html(
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
     """
-    loaded = await load_reports_and_logs(store, campaign, source=source)
-    reports = [r for r, _ in loaded]
-    sections, data = [], []
+    reports, sections, data = [], [], []
     paged = False
-    for index, (report, log) in enumerate(loaded):
-        sections.append(_section(index, report, log))
-        records = _html_records(stream_records(store, report.campaign, log))
-        entry: dict[str, Any] = {
-            "campaign": report.campaign,
-            "threshold": report.threshold,
-            "categories": list(dict.fromkeys(c for c, _ in report.cells)),
-            "roles": list(dict.fromkeys(r for _, r in report.cells)),
-            "models": {
-                name: [msgspec.to_builtins(c) for c in m.cells] for name, m in report.models.items()
-            },
-            "archive": archive_of(log, report.campaign),
-            "attempts": [],
-            "pages": [],
-            "total": len(log.attempts),
-        }
+    for index, name in enumerate(await _wanted(store, campaign, source)):
+        report, log, shown = await _campaign(
+            store, name, index, pages, inline_attempts, page_attempts, source
+        )
+        reports.append(report)
+        sections.append(_section(index, report, log, shown.severities))
         wanted = dict.fromkeys(e.conversation for e in log.archive.values())  # in archive order
-        context: dict[str, list[dict[str, Any]]] = {c: [] for c in wanted}
-        entry["context"] = context
-        if pages is None or len(log.attempts) <= inline_attempts:
-            async for record in records:
-                entry["attempts"].append(record)
-                _keep_context(context, record)
-        else:
-            paged = True
-            _make_folder(pages)
-            sizes = _conversation_sizes(log)
-            batch: list[dict[str, Any]] = []
-            conversations = 0
-            async for group in _by_conversation(records, sizes):
-                batch += group
-                conversations += 1
-                for record in group:
-                    _keep_context(context, record)
-                if len(batch) >= page_attempts:
-                    entry["pages"].append(_page(pages, index, entry, batch, conversations))
-                    batch, conversations = [], 0
-            if batch:
-                entry["pages"].append(_page(pages, index, entry, batch, conversations))
-            if written is not None:
-                written += [pages / p["file"] for p in entry["pages"]]
-        data.append(entry)
+        data.append(
+            {
+                "campaign": report.campaign,
+                "threshold": report.threshold,
+                "categories": list(dict.fromkeys(c for c, _ in report.cells)),
+                "roles": list(dict.fromkeys(r for _, r in report.cells)),
+                "models": {
+                    name: [msgspec.to_builtins(c) for c in m.cells]
+                    for name, m in report.models.items()
+                },
+                "archive": archive_of(log, report.campaign),
+                "attempts": shown.attempts(),
+                "pages": shown.pages,
+                "total": shown.total,
+                "context": {c: shown.context.get(c, []) for c in wanted},
+            }
+        )
+        paged = paged or shown.paged
+        if written is not None:
+            written += shown.written
     script = _asset("report.js")
     if "</script" in script.lower() or "<!--" in script:
         raise AssertionError("the renderer must not contain </script or <!--")
@@ -653,49 +653,155 @@ async def build_html(
     )
 
 
-async def _html_records(records: AsyncIterator[AttemptRecord]) -> AsyncIterator[dict[str, Any]]:
-    """The fields of each record that the page shows."""
-    async for r in records:
-        yield {f: getattr(r, f) for f in _RECORD_FIELDS}
+Shown = tuple[int, dict[str, Any]]
+"""A record as the page shows it (:data:`_RECORD_FIELDS`), with its attempt's serial."""
 
 
-def _keep_context(context: dict[str, list[dict[str, Any]]], record: dict[str, Any]) -> None:
-    """Keep a committed turn of an elite's conversation (its trajectory shows them)."""
-    if record["committed"] and record["conversation"] in context:
-        context[record["conversation"]].append(
-            {k: record[k] for k in ("turn", "utterance", "reply")}
+async def _wanted(store: EventStore, campaign: str | None, source: str | Path | None) -> list[str]:
+    """``[campaign]``, or every stored campaign when it is None (none: an empty report)."""
+    known = [c.id for c in await store.list_campaigns()]
+    if campaign is not None and campaign not in known:
+        raise InputError(
+            source, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
         )
+    return [campaign] if campaign else known
 
 
-def _conversation_sizes(log: CampaignLog) -> dict[str, int]:
-    return dict(Counter(key[0] for key in log.attempts))
+async def _campaign(
+    store: EventStore,
+    name: str,
+    index: int,
+    pages: Path | None,
+    inline_attempts: int,
+    page_attempts: int,
+    source: str | Path | None,
+) -> tuple[CampaignReport, CampaignLog, _Transcripts]:
+    """One campaign's report, its log and its transcripts (pages written), from one read of
+    the store; folded whole when ratings or a late event need it (see the module)."""
+    retried = await store.superseded(name)
+    shown = _Transcripts(index, pages, inline_attempts, page_attempts)
+    # Ratings stored after their conversation was given go to the tally's rows (the page shows
+    # no ratings, so the records given stay right), not to the log: they are not late.
+    tally = CampaignTally()
+    stream = RecordStream(store, name, on_close=tally.close, fold=tally.fold)
+    async for group in stream.numbered():
+        shown.add(_shown(group), stream.log.archive.values())
+    shown.finish()
+    log = stream.log
+    late = stream.stale or stream.late_elites
+    if not late and tally.threshold in (None, log.threshold):
+        tally.add_log(log)  # the conversations that never completed
+        return report_of(log, name, retried=retried, tally=tally), log, shown
+    first, shown = shown.written, _Transcripts(index, pages, inline_attempts, page_attempts)
+    [(report, log)] = await load_reports_and_logs(store, name, source=source)
+    async for group in _whole_groups(stream_records(store, name, log), log):
+        shown.add(_shown(group), log.archive.values())
+    shown.finish()
+    for path in set(first) - set(shown.written):  # pages of the read that was not kept
+        path.unlink(missing_ok=True)
+    return report, log, shown
 
 
-async def _by_conversation(
-    records: AsyncIterator[dict[str, Any]], sizes: dict[str, int]
-) -> AsyncIterator[list[dict[str, Any]]]:
-    """Records grouped by conversation, in order of each conversation's first record; a
-    conversation is given once all its records came (only those in flight are held)."""
-    open_: dict[str, list[dict[str, Any]]] = {}  # insertion order: first record's
-    async for record in records:
-        open_.setdefault(record["conversation"], []).append(record)
+def _shown(group: list[tuple[int, AttemptRecord]]) -> list[Shown]:
+    """The fields of each record that the page shows."""
+    return [(n, {f: getattr(r, f) for f in _RECORD_FIELDS}) for n, r in group]
+
+
+async def _whole_groups(
+    records: AsyncIterator[AttemptRecord], log: CampaignLog
+) -> AsyncIterator[list[tuple[int, AttemptRecord]]]:
+    """The records of a whole log (in order of each attempt's first event) grouped by
+    conversation, in order of each conversation's first record; a conversation is given once
+    all its records came (only those in flight are held)."""
+    sizes = Counter(key[0] for key in log.attempts)
+    open_: dict[str, list[tuple[int, AttemptRecord]]] = {}  # insertion order: first record's
+    async for r in records:
+        serial = log.attempts[(r.conversation, r.turn, r.attempt, r.branch)].serial
+        open_.setdefault(r.conversation, []).append((serial, r))
         while open_:
             first = next(iter(open_))
-            if len(open_[first]) < sizes.get(first, 0):
+            if len(open_[first]) < sizes[first]:
                 break
             yield open_.pop(first)
     for group in open_.values():
         yield group
 
 
+class _Transcripts:
+    """What the page shows of one campaign's records, gathered a conversation at a time: the
+    inline attempts or the pages written (past ``inline`` attempts, when given a folder), the
+    severity counts, and the committed turns of the elites' conversations."""
+
+    def __init__(self, index: int, folder: Path | None, inline: int, per_page: int) -> None:
+        self.index, self.folder, self.inline, self.per_page = index, folder, inline, per_page
+        self.total = 0
+        self.paged = False
+        self.pages: list[dict[str, Any]] = []
+        self.written: list[Path] = []
+        self.severities: dict[str, Counter[str]] = {}
+        """Per counselor model: attempts per severity, or per outcome when unjudged."""
+        self.context: dict[str, list[dict[str, Any]]] = {}
+        """The committed turns of each conversation that was an elite's when it came."""
+        self._held: list[list[Shown]] = []  # conversations, while they all fit inline
+        self._batch: list[dict[str, Any]] = []
+        self._conversations = 0
+
+    def add(self, group: list[Shown], elites: Iterable[Elite]) -> None:
+        """One conversation's records; ``elites``: the archive's elites so far."""
+        self.total += len(group)
+        wanted = {e.conversation for e in elites}
+        for _, r in group:
+            key = str(r["severity"]) if r["outcome"] == "verdict" else r["outcome"]
+            self.severities.setdefault(r["counselor_model"], Counter())[key] += 1
+            if r["committed"] and r["conversation"] in wanted:
+                turn = {k: r[k] for k in ("turn", "utterance", "reply")}
+                self.context.setdefault(r["conversation"], []).append(turn)
+        if self.paged:
+            self._paginate(group)
+            return
+        self._held.append(group)
+        if self.folder is not None and self.total > self.inline:
+            self.paged = True
+            _make_folder(self.folder)
+            for held in self._held:
+                self._paginate(held)
+            self._held = []
+
+    def finish(self) -> None:
+        """Write the last page."""
+        if self._batch:
+            self._page()
+
+    def attempts(self) -> list[dict[str, Any]]:
+        """The inline records, in order of each attempt's first event (none when paged)."""
+        return [r for _, r in sorted((s for g in self._held for s in g), key=_serial)]
+
+    def _paginate(self, group: list[Shown]) -> None:
+        self._batch += (r for _, r in group)
+        self._conversations += 1
+        if len(self._batch) >= self.per_page:
+            self._page()
+
+    def _page(self) -> None:
+        assert self.folder is not None
+        self.pages.append(
+            _page(self.folder, self.index, len(self.pages), self._batch, self._conversations)
+        )
+        self.written.append(self.folder / self.pages[-1]["file"])
+        self._batch, self._conversations = [], 0
+
+
+def _serial(shown: Shown) -> int:
+    return shown[0]
+
+
 def _page(
-    folder: Path, campaign: int, entry: dict[str, Any], batch: list[Any], conversations: int
+    folder: Path, campaign: int, page: int, batch: list[Any], conversations: int
 ) -> dict[str, Any]:
     """Write one page of transcripts; its entry in the document's data."""
-    number = len(entry["pages"]) + 1
-    name = f"c{campaign}-p{number:04d}.js"
+    name = f"c{campaign}-p{page + 1:04d}.js"
     write_private_atomic(
-        folder / name, f"mhsafeevalPage({campaign}, {number - 1}, {embed_json(batch)});\n"
+        folder / name, f"mhsafeevalPage({campaign}, {page}, {embed_json(batch)});\n"
     )
     return {
         "file": name,

@@ -16,7 +16,6 @@ import msgspec
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
 from mhsafeeval.export import campaign_log
-from mhsafeeval.messages import Rating
 from mhsafeeval.storage import (
     CampaignLog,
     CampaignTally,
@@ -130,10 +129,8 @@ async def load_reports_and_logs(
     out = []
     for name in await _wanted(store, campaign, source):
         retried = await store.superseded(name)
-        tallied = None
-        if not whole and not await _rated(store, name):
-            tallied = await _tallied_log(store, name)
-        if tallied is None:  # ratings (or a late event): the figures read every attempt
+        tallied = None if whole else await _tallied_log(store, name)
+        if tallied is None:  # a late event: the figures read every attempt
             log = await campaign_log(store, name)
             out.append((report_of(log, name, retried=retried), log))
             continue
@@ -149,9 +146,10 @@ async def load_report(
 
     A conversation's facts are tallied as soon as it completed, then forgotten
     (:class:`~mhsafeeval.storage.CampaignTally`): what is held is some hundreds of bytes per
-    conversation, not its attempts. A campaign with reporting judges' ratings (their figures
-    read every attempt) is folded whole, as :func:`load_reports_and_logs` does. ``source``
-    names the database in errors.
+    conversation, not its attempts, reporting judges' ratings included (tens of bytes per
+    judged reply; a rating stored after its conversation completed finds its reply's row). A
+    campaign where another event came after its conversation completed is folded whole, as
+    :func:`load_reports_and_logs` does. ``source`` names the database in errors.
     """
     folded = await load_reports_and_logs(store, campaign, source=source, whole=False)
     return [report for report, _ in folded]
@@ -159,27 +157,18 @@ async def load_report(
 
 async def _tallied_log(store: EventStore, name: str) -> tuple[CampaignLog, CampaignTally] | None:
     """A campaign's log that forgot each conversation once it completed, and the tally of every
-    conversation (None: an event came for a conversation after it completed, or the tally
-    cannot give the figures; see :class:`~mhsafeeval.storage.CampaignTally`)."""
+    conversation (None: an event other than a reporting judge's came for a conversation after
+    it completed, or the tally cannot give the figures; see
+    :class:`~mhsafeeval.storage.CampaignTally`)."""
     tally = CampaignTally()
-    log = await campaign_log(store, name, on_close=tally.close)
-    if log.late or tally.rated or tally.threshold not in (None, log.threshold):
+    log = CampaignLog(on_close=tally.close)
+    async for stored in store.events(name):
+        assert stored.message is not None
+        tally.fold(log, stored.message, stored.recorded_at, stored.seq)
+    if log.late or tally.threshold not in (None, log.threshold):
         return None
     tally.add_log(log)  # the conversations that never completed
     return log, tally
-
-
-async def _rated(store: EventStore, campaign: str) -> bool:
-    """Whether a reporting judge rated any reply of the campaign (read from the type index)."""
-    events = store.events(campaign, types=[Rating.__struct_config__.tag])  # type: ignore[list-item]
-    try:
-        async for _ in events:
-            return True
-        return False
-    finally:
-        close = getattr(events, "aclose", None)
-        if close is not None:
-            await close()
 
 
 def _usd(usage: RoleUsage) -> str:

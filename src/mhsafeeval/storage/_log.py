@@ -27,8 +27,9 @@ What the log keeps per attempt is compact facts only (ids, cell, outcome, severi
 counts): never the texts (instructions, utterances, replies, the judge's reasoning), so a
 report of a large campaign holds a few hundred bytes per attempt whatever its transcripts
 weigh. The texts are folded apart, by :class:`TextFold` (the same rules, text events only):
-the export and the HTML report stream them in a second read of the store, attempt by attempt,
-keeping only those of attempts still open (see :attr:`AttemptFacts.text_seq`). With
+the export and the HTML report fold them in the same read as the facts and drop a
+conversation's once it completes (:class:`~mhsafeeval.export.RecordStream`); a whole fold
+reads them in a second read, attempt by attempt (see :attr:`AttemptFacts.text_seq`). With
 ``keep_text`` the log also keeps every attempt's texts (small, in-memory uses). With
 ``retain=False`` (the live progress display) a conversation's attempts are forgotten once it
 finishes, keeping only the running totals. With ``on_close`` (the text and JSON reports) each
@@ -499,6 +500,11 @@ class CampaignLog:
         if model is not None:
             return self._replied[model], self._unjudged[model]
         return sum(self._replied.values()), sum(self._unjudged.values())
+
+    def attempts_in(self, conversation: str) -> list[AttemptFacts]:
+        """The attempts of one conversation that the log holds, in order of first event (an
+        ``on_close`` callback sees all of the conversation's)."""
+        return [a for key, a in self.attempts.items() if key[0] == conversation]
 
     def attempts_of(self, model: str) -> Iterator[AttemptFacts]:
         """The attempts of one counselor model's conversations, in order of first event."""
