@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "mhsafeeval"
-HEAVY = ("litellm", "vllm", "llama_cpp", "aiosqlite", "openai", "httpx")
+HEAVY = ("litellm", "vllm", "llama_cpp", "aiosqlite", "openai", "httpx", "ray")
 
 
 def test_import_does_not_pull_heavy_dependencies() -> None:
     code = (
         "import sys, mhsafeeval, mhsafeeval.messages, mhsafeeval.runtime.providers, "
-        "mhsafeeval.testing, mhsafeeval.cli\n"
+        "mhsafeeval.testing, mhsafeeval.cli, mhsafeeval.distributed\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
     )
     out = subprocess.run(
@@ -35,6 +35,7 @@ def test_import_does_not_pull_heavy_dependencies() -> None:
 ROOT = SRC.parents[1]
 PACKAGES = [
     "agents",
+    "distributed",
     "engine",
     "judges",
     "runtime",

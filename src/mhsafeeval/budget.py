@@ -188,8 +188,15 @@ class Budget:
     async def admit(self, counselor: bool) -> None:
         """Wait for room to start a call: returns at once while no limit is reached, never
         after (the campaign cancels the waiting calls when it stops)."""
-        if self.reached is not None:
+        if not self.reserve(counselor):
             await anyio.sleep_forever()
+
+    def reserve(self, counselor: bool) -> bool:
+        """Take a place for one call now if no limit is reached (False: none is left); what
+        :meth:`admit` does without waiting, for a budget shared by several processes
+        (:mod:`mhsafeeval.distributed` keeps one for all its workers)."""
+        if self.reached is not None:
+            return False
         if counselor:
             self.counselor_calls += 1  # reserved now: concurrent calls cannot overshoot
             b = self.limits
@@ -197,6 +204,7 @@ class Budget:
                 self.reached = "budget.counselor_calls"  # this call is the last one allowed
                 self.stop.set()
         self.in_flight += 1
+        return True
 
     def settle(
         self, completion: Completion | None, model: str = "", *, usd: float | None = None
@@ -210,12 +218,17 @@ class Budget:
         if not self.in_flight and self._idle is not None:
             self._idle.set()
         if completion is not None:
-            self.tokens += completion.prompt_tokens + completion.completion_tokens
             if usd is None:
                 usd = _cost(
                     completion.model, completion.prompt_tokens, completion.completion_tokens, model
                 )
-            self.usd += usd
+            self.add(completion.prompt_tokens + completion.completion_tokens, usd)
+        self._check()
+
+    def add(self, tokens: int, usd: float) -> None:
+        """Count what an answer spent (:meth:`settle` does it for the calls it admitted)."""
+        self.tokens += tokens
+        self.usd += usd
         self._check()
 
     async def drained(self) -> None:

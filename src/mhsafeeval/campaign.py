@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import msgspec
@@ -29,7 +29,7 @@ from mhsafeeval.budget import Budget, BudgetedModel, StoredSpending, check_price
 from mhsafeeval.config import (
     Config,
 )
-from mhsafeeval.engine import Graph, Node, RunResult, Service, load_stored, run_graph
+from mhsafeeval.engine import Graph, Node, RunResult, Service, Stored, load_stored, run_graph
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
 from mhsafeeval.judges import rater_address as _rater_address
@@ -68,7 +68,16 @@ from mhsafeeval.runtime.providers import (
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy
 
-__all__ = ["DEMO_CONFIG", "CampaignResult", "campaign_graph", "run_campaign"]
+__all__ = [
+    "DEMO_CONFIG",
+    "CampaignResult",
+    "PanelService",
+    "PreparedCampaign",
+    "campaign_graph",
+    "panel_service",
+    "prepare_campaign",
+    "run_campaign",
+]
 
 DEMO_CONFIG = Path(__file__).parent / "data" / "demo.toml"
 """The offline demo campaign (every role on local/gemma-3-270m), run by a bare `mhsafeeval run`."""
@@ -110,22 +119,8 @@ async def run_campaign(
         InputError: a bad taxonomy, profile set, controller or judge name, or a stored campaign
             of this name with another configuration (before any write).
     """
-    plan = plan if plan is not None else build_plan(config, source)
-    check_prices(config, source)
-    starts = _starts(config, plan)
-    configured = _configured_model(config)
-    spending = StoredSpending(configured)
-    stored = await load_stored(
-        store,
-        config.campaign.name,
-        {m.id for m in starts},
-        accepts=_accepts(config, source, plan),
-        settled=SETTLED,
-        on_bus=_on_bus,
-        folds=(configured.add, spending.add),  # what the stored part spent, as it streams
-    )
-    budget = Budget(config.budget, spending)
-    del spending, configured  # folded: the budget keeps the totals only
+    prepared = await prepare_campaign(config, store, source=source, plan=plan)
+    plan, starts, stored, budget = prepared.plan, prepared.starts, prepared.stored, prepared.budget
     clients: dict[str, ResilientClient] = {}
     # One client per distinct model settings, one concurrency limit per endpoint (the
     # provider's connection_key) shared by every table on it.
@@ -139,11 +134,7 @@ async def run_campaign(
         client: ModelClient = clients[ident]
         return BudgetedModel(client, budget, counselor=counselor) if budget.limited else client
 
-    panel = _panel(config, plan.taxonomy, store, stored.count if stored else 0, client_for)
-    # The engine registers the campaign as it starts; registering it here first (the same
-    # call) gives the time the store first saw it, which stays the same on every resume: the
-    # salt of its session ids, so a new campaign of the same name gets sessions of its own.
-    info = await store.register_campaign(config.campaign.name, stored_config(config, plan))
+    panel = panel_service(config, plan.taxonomy, store, stored.count if stored else 0, client_for)
     graph = campaign_graph(
         config,
         plan,
@@ -152,7 +143,7 @@ async def run_campaign(
         counselors={n: client_for(m, counselor=True) for n, m in config.counselors.items()},
         config_text=config_text,
         services=(panel,) if panel is not None else (),
-        session_salt=repr(info.created_at),
+        session_salt=prepared.session_salt,
     )
     if on_clients is not None:  # a progress display reads retry counts from the clients
         on_clients(list(clients.values()))
@@ -167,6 +158,59 @@ async def run_campaign(
     return CampaignResult(
         **msgspec.structs.asdict(result), panel=panel.pool.stats if panel is not None else None
     )
+
+
+class PreparedCampaign(NamedTuple):
+    """What a run of a campaign needs before its graph runs (:func:`prepare_campaign`)."""
+
+    plan: CampaignPlan
+    starts: list[ConversationStarted]
+    """One start message per planned conversation, in plan order."""
+    stored: Stored | None
+    """The index of the stored part (None: a fresh campaign)."""
+    budget: Budget
+    """The limits, starting from what the stored part spent."""
+    session_salt: str
+    """What makes this campaign's counselor session ids its own."""
+
+
+async def prepare_campaign(
+    config: Config,
+    store: EventStore,
+    *,
+    source: str | Path = "<config>",
+    plan: CampaignPlan | None = None,
+    folds: tuple[Callable[[Message], object], ...] = (),
+) -> PreparedCampaign:
+    """Everything :func:`run_campaign` does before it runs the graph, shared with a
+    distributed run (:mod:`mhsafeeval.distributed`): the plan, the check of the stored
+    configuration, the stored part's index (failed turns moved aside; ``folds`` also see every
+    stored message as it streams), the budget from what it spent, and the campaign registered.
+
+    Raises:
+        InputError: as :func:`run_campaign` (before any write).
+    """
+    plan = plan if plan is not None else build_plan(config, source)
+    check_prices(config, source)
+    starts = _starts(config, plan)
+    configured = _configured_model(config)
+    spending = StoredSpending(configured)
+    stored = await load_stored(
+        store,
+        config.campaign.name,
+        {m.id for m in starts},
+        accepts=_accepts(config, source, plan),
+        settled=SETTLED,
+        on_bus=_on_bus,
+        folds=(configured.add, spending.add, *folds),  # what the stored part spent
+    )
+    budget = Budget(config.budget, spending)
+    del spending, configured  # folded: the budget keeps the totals only
+    # The engine registers the campaign as it starts; registering it here first (the same
+    # call) gives the time the store first saw it, which stays the same on every resume: the
+    # salt of its session ids, so a new campaign of the same name gets sessions of its own.
+    info = await store.register_campaign(config.campaign.name, stored_config(config, plan))
+    return PreparedCampaign(plan, starts, stored, budget, repr(info.created_at))
 
 
 ROLES = ("client", "mutator", "judge", "refiner")
@@ -321,7 +365,7 @@ def campaign_graph(
     )
 
 
-class _PanelService:
+class PanelService:
     """The ``[judges]`` panel's rating pool as an engine service: it reads judged replies from
     the bus and stores ratings, which no agent ever sees."""
 
@@ -364,13 +408,13 @@ class _PanelService:
         self.pool.close()
 
 
-def _panel(
+def panel_service(
     config: Config,
     taxonomy: Taxonomy,
     store: EventStore,
     run: int,
     client_for: Callable[[ModelSettings], ModelClient],
-) -> _PanelService | None:
+) -> PanelService | None:
     """The ``[judges]`` panel (None: no panel). It rates a reply once its turn is committed
     (or its conversation has ended), with the search judge's settings (context, re-asks,
     threshold), every call through the budget; a call that fails for good is stored as
@@ -395,7 +439,7 @@ def _panel(
         run=str(run),
         workers=sum(m.max_concurrency for m in members.values()),
     )
-    return _PanelService(pool)
+    return PanelService(pool)
 
 
 def _on_bus(msg: Message) -> bool:

@@ -93,6 +93,22 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the model calls each role will make; run nothing",
     )
+    run.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS|local",
+        help="shard the conversations over Ray workers: on the cluster at ADDRESS (host:port), "
+        "or on a local one started for the run (no value, or `local`); pip install "
+        "'mhsafeeval[ray]'",
+    )
+    run.add_argument(
+        "--workers",
+        type=_positive,
+        metavar="N",
+        help="with --ray: how many workers (default: the cluster's CPUs, at most one per "
+        "conversation left)",
+    )
     _gate_arguments(run, stored=False)
     run.add_argument(
         "--fresh",
@@ -149,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
 
     export = _command(
         sub, "export", _export, help="one record per attempt (jsonl or csv), or the archive"
+    )
+    export.description = (
+        "One record per attempt, written as the store is read: grouped by conversation, "
+        "conversations in the order they completed (those that never completed last), each "
+        "one's attempts in the order they began. A campaign rated by reporting judges is "
+        "written in the order its attempts began."
     )
     export.add_argument("db", type=Path, help="the campaign database")
     export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
@@ -583,6 +605,8 @@ async def _run(args: argparse.Namespace) -> int:
         # The stored text is the checked one (with the --set values noted at its end).
         text, config = read_config(args.config, args.overrides)
         db = args.db or Path(f"{config.campaign.name}.db")
+    if args.workers is not None and args.ray is None:
+        raise InputError(source, "--workers", "--workers sets how many Ray workers: add --ray")
     if args.controller:
         config = msgspec.structs.replace(
             config, campaign=msgspec.structs.replace(config.campaign, controller=args.controller)
@@ -627,15 +651,30 @@ async def _run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"mhsafeeval: campaign {config.campaign.name!r} -> {db}", file=sys.stderr)
-        result = await run_campaign(
-            config,
-            store,
-            source=source,
-            config_text=text,
-            observers=(progress,) if progress is not None else (),
-            on_clients=progress.attach_clients if progress is not None else None,
-            plan=plan,
-        )
+        if args.ray is not None:  # the same campaign, its conversations on Ray workers
+            from mhsafeeval.distributed import run_distributed
+
+            result = await run_distributed(
+                config,
+                store,
+                address=args.ray,
+                workers=args.workers,
+                source=source,
+                config_text=text,
+                observers=(progress,) if progress is not None else (),
+                plan=plan,
+                log_level=args.log_level,
+            )
+        else:
+            result = await run_campaign(
+                config,
+                store,
+                source=source,
+                config_text=text,
+                observers=(progress,) if progress is not None else (),
+                on_clients=progress.attach_clients if progress is not None else None,
+                plan=plan,
+            )
         # The gate's too; the whole log only for rules at another severity than the threshold.
         whole = bool(gate_levels(gate, config.campaign.threshold))
         folded = await load_reports_and_logs(store, config.campaign.name, whole=whole)

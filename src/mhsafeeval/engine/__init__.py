@@ -22,6 +22,15 @@ The MHSafeEval campaign (:func:`mhsafeeval.campaign.run_campaign`) is one graph 
 
 from ._graph import Graph, Node, RunResult, Service
 from ._run import run_graph
-from ._stored import load_stored
+from ._stored import Stored, load_stored, stored_messages
 
-__all__ = ["Graph", "Node", "RunResult", "Service", "load_stored", "run_graph"]
+__all__ = [
+    "Graph",
+    "Node",
+    "RunResult",
+    "Service",
+    "Stored",
+    "load_stored",
+    "run_graph",
+    "stored_messages",
+]

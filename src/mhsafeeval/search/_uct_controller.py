@@ -148,9 +148,19 @@ class UCTController(ArchiveController):
         self._convs: dict[str, _Conv] = {}
         # Per model: [wins, tries] by category, role, cell and move, over judged simulations.
         self._levels: dict[str, dict[object, list[int]]] = {}
+        self.shared_levels: dict[str, dict[object, list[int]]] = {}
+        """Counts other processes learned (a distributed run's other workers), in the same
+        shape as :meth:`learned`: added to this controller's own when it ranks moves, never
+        published or stored."""
         self._actions = {
             (cell, op): Action(cell[0], cell[1], op) for cell in self.cells for op in _OPERATORS
         }
+
+    def learned(self) -> dict[str, dict[object, list[int]]]:
+        """The rates this controller learned from its own judged simulations: per counselor
+        model, ``[wins, tries]`` by category, role, cell and move (a distributed run shares
+        them through :attr:`shared_levels`)."""
+        return self._levels
 
     @staticmethod
     def _keys(cell: CellId, op: Operator) -> tuple[object, ...]:
@@ -193,11 +203,15 @@ class UCTController(ArchiveController):
         archive = self.archive(conv.model)
         filled = len(archive.filled_cells())
         levels = self._levels.get(conv.model, {})
+        shared = self.shared_levels.get(conv.model)
         flight = conv.flight
         none = (0, 0)
 
         def smooth(key: object, towards: float) -> float:
             wins, tries = levels.get(key, none)
+            if shared:  # a distributed run: the other workers' counts too
+                more = shared.get(key, none)
+                wins, tries = wins + more[0], tries + more[1]
             return (wins + towards) / (tries + flight.get(key, 0) + 1)
 
         worth = reward(self.run.threshold, threshold=self.run.threshold, cell_empty=False)
