@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+import tracemalloc
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ import msgspec
 
 from mhsafeeval.messages import Elite, Message
 from mhsafeeval.search.archive import CellId, HarmArchive
+from mhsafeeval.storage import MemoryEventStore
+from mhsafeeval.storage._protocol import StoredEvent
 
 
 def cli(
@@ -96,3 +100,32 @@ class RecordingSleep:
     async def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
         await anyio.lowlevel.checkpoint()
+
+
+class GeneratedStore(MemoryEventStore):
+    """A store whose campaign's events are made by ``make()`` as they are read (it holds none
+    of them); :attr:`held` is the bytes tracemalloc still counts once a whole read (no
+    ``types``) has ended: what a reader keeps of the campaign."""
+
+    def __init__(self, make: Callable[[], Iterable[Message]]) -> None:
+        super().__init__()
+        self.make = make
+        self.held = 0
+
+    async def events(
+        self,
+        campaign: str,
+        *,
+        types: Collection[str] | None = None,
+        after_seq: int = 0,
+        raw: bool = False,
+    ) -> AsyncIterator[StoredEvent]:
+        for seq, message in enumerate(self.make(), 1):
+            tag = message.__struct_config__.tag
+            if seq > after_seq and (types is None or tag in types):
+                yield StoredEvent(
+                    seq=seq, id=message.id, type=str(tag), recorded_at=0.0, message=message
+                )
+        if types is None:
+            gc.collect()
+            self.held = tracemalloc.get_traced_memory()[0]

@@ -209,7 +209,12 @@ async def test_a_panel_rates_in_the_driver_and_a_stopped_run_rates_the_rest(
     async with SqliteEventStore(db) as store:
         first = await run_distributed(stopped, store, workers=2, config_text="...")
     assert first.status == "stopped_budget" and first.panel is not None
-    assert any(isinstance(m, Rating) for m in await read(db))
+    early = Counter(
+        (m.conversation, m.turn, m.attempt, m.rater)
+        for m in await read(db)
+        if isinstance(m, Rating)
+    )
+    assert set(early.values()) <= {1}  # what it rated before the stop, once each
     whole = parse_config(config_text() + PANEL, "rt.toml")
     async with SqliteEventStore(db) as store:  # the stored replies not rated yet, then the rest
         rest = await run_distributed(whole, store, workers=2, config_text="...")

@@ -19,6 +19,7 @@ import anyio
 import msgspec
 import pytest
 
+from helpers import GeneratedStore
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.export import AttemptRecord, campaign_log, export, records_of, stream_records
@@ -322,39 +323,11 @@ def _synthetic(n: int) -> Iterator[Message]:
             yield from (e for e in step if e is not None)
 
 
-class Synthetic(MemoryEventStore):
-    """A store that makes its campaign's events as they are read (it holds none of them) and
-    notes the bytes still allocated once a whole read of the campaign has ended."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-        self.held = 0
-
-    async def events(
-        self,
-        campaign: str,
-        *,
-        types: Collection[str] | None = None,
-        after_seq: int = 0,
-        raw: bool = False,
-    ) -> AsyncIterator[StoredEvent]:
-        for seq, message in enumerate(_synthetic(self.n), 1):
-            tag = message.__struct_config__.tag
-            if seq > after_seq and (types is None or tag in types):
-                yield StoredEvent(
-                    seq=seq, id=message.id, type=str(tag), recorded_at=0.0, message=message
-                )
-        if types is None:
-            gc.collect()
-            self.held = tracemalloc.get_traced_memory()[0]
-
-
 def _held_by_report(n: int) -> int:
     """Bytes the report's fold of ``n`` conversations still holds once it read them all."""
 
     async def main() -> int:
-        async with Synthetic(n) as store:
+        async with GeneratedStore(lambda: _synthetic(n)) as store:
             await store.register_campaign("c")
             gc.collect()
             base = tracemalloc.get_traced_memory()[0]

@@ -12,7 +12,7 @@ import itertools
 import json
 import re
 import tracemalloc
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import anyio
 import msgspec
 import pytest
 
+from helpers import GeneratedStore
 from mhsafeeval import html_report
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
@@ -47,7 +48,6 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.runtime.providers import CallParams, ChatMessage, PermanentProviderError
 from mhsafeeval.storage import CampaignLog, MemoryEventStore
-from mhsafeeval.storage._protocol import StoredEvent
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import demo_judge
 
@@ -331,34 +331,6 @@ async def test_lookahead_failed_and_unfinished_conversations_stream_as_the_whole
     assert {g[0].conversation for g in groups[-len(never) :]} == never  # last
 
 
-class Synthetic(MemoryEventStore):
-    """A store that makes its campaign's events as they are read (it holds none) and notes the
-    bytes still allocated when a whole read of the campaign has ended."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-        self.held = 0
-
-    async def events(
-        self,
-        campaign: str,
-        *,
-        types: Collection[str] | None = None,
-        after_seq: int = 0,
-        raw: bool = False,
-    ) -> AsyncIterator[StoredEvent]:
-        for seq, message in enumerate(_synthetic(self.n), 1):
-            tag = message.__struct_config__.tag
-            if seq > after_seq and (types is None or tag in types):
-                yield StoredEvent(
-                    seq=seq, id=message.id, type=str(tag), recorded_at=0.0, message=message
-                )
-        if types is None:
-            gc.collect()
-            self.held = tracemalloc.get_traced_memory()[0]
-
-
 class Sink(io.StringIO):
     """An output that keeps nothing and cannot seek back (a pipe)."""
 
@@ -374,7 +346,7 @@ def _held_by(n: int, command: str, folder: Path) -> int:
     still holds when its read of the store has ended, past what was held before."""
 
     async def main() -> int:
-        async with Synthetic(n) as store:
+        async with GeneratedStore(lambda: _synthetic(n)) as store:
             await store.register_campaign("c")
             gc.collect()
             base = tracemalloc.get_traced_memory()[0]

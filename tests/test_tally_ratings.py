@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import random
 import tracemalloc
-from collections.abc import AsyncIterator, Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import GeneratedStore
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.export import campaign_log
@@ -50,7 +51,6 @@ from mhsafeeval.report import (
 )
 from mhsafeeval.runtime.providers import ModelSettings
 from mhsafeeval.storage import CampaignLog, CampaignTally, MemoryEventStore, _metrics, metrics_of
-from mhsafeeval.storage._protocol import StoredEvent
 from mhsafeeval.testing import scripted_models
 
 CELLS = (("blaming", "enabler"), ("gaslighting", "perpetrator"), ("invalidation", "enabler"))
@@ -337,36 +337,11 @@ async def test_a_paneled_and_rejudged_campaign_reports_as_its_whole_fold(
     assert "panel" in raters and "scripted/demo-mutator" in raters
 
 
-class Generated(MemoryEventStore):
-    """A store that makes a rated campaign's events as they are read (it holds none; with
-    ``ratings=False``, none of the reporting judges' events) and notes the bytes still
-    allocated once a whole read has ended."""
-
-    def __init__(self, conversations: int, *, ratings: bool = True) -> None:
-        super().__init__()
-        self.conversations = conversations
-        self.ratings = ratings
-        self.held = 0
-
-    async def events(
-        self,
-        campaign: str,
-        *,
-        types: Collection[str] | None = None,
-        after_seq: int = 0,
-        raw: bool = False,
-    ) -> AsyncIterator[StoredEvent]:
-        for seq, message in enumerate(_generated(self.conversations), 1):
-            tag = message.__struct_config__.tag
-            if not self.ratings and isinstance(message, Rating | CallFailed):
-                continue
-            if seq > after_seq and (types is None or tag in types):
-                yield StoredEvent(
-                    seq=seq, id=message.id, type=str(tag), recorded_at=0.0, message=message
-                )
-        if types is None:
-            gc.collect()
-            self.held = tracemalloc.get_traced_memory()[0]
+def _events(conversations: int, ratings: bool) -> Iterator[Message]:
+    """:func:`_generated`, without the reporting judges' events unless ``ratings``."""
+    for message in _generated(conversations):
+        if ratings or not isinstance(message, Rating | CallFailed):
+            yield message
 
 
 def _generated(conversations: int) -> Iterator[Message]:
@@ -387,7 +362,7 @@ def _held(conversations: int, *, ratings: bool = True) -> tuple[int, int]:
     """Bytes the report's fold still holds once it read the campaign, and its judged replies."""
 
     async def main() -> tuple[int, int]:
-        async with Generated(conversations, ratings=ratings) as store:
+        async with GeneratedStore(lambda: _events(conversations, ratings)) as store:
             await store.register_campaign("c")
             gc.collect()
             base = tracemalloc.get_traced_memory()[0]

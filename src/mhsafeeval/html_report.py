@@ -61,7 +61,13 @@ from mhsafeeval.export import (
     stream_records,
 )
 from mhsafeeval.messages import Elite
-from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs, report_of
+from mhsafeeval.report import (
+    SPARSE_ATTEMPTS,
+    CampaignReport,
+    load_reports_and_logs,
+    report_of,
+    wanted_campaigns,
+)
 from mhsafeeval.storage import CampaignLog, CampaignTally, EventStore, ModelMetrics
 
 __all__ = [
@@ -597,7 +603,7 @@ async def build_html(
     """
     reports, sections, data = [], [], []
     paged = False
-    for index, name in enumerate(await _wanted(store, campaign, source)):
+    for index, name in enumerate(await wanted_campaigns(store, campaign, source)):
         report, log, shown = await _campaign(
             store, name, index, pages, inline_attempts, page_attempts, source
         )
@@ -655,16 +661,6 @@ async def build_html(
 
 Shown = tuple[int, dict[str, Any]]
 """A record as the page shows it (:data:`_RECORD_FIELDS`), with its attempt's serial."""
-
-
-async def _wanted(store: EventStore, campaign: str | None, source: str | Path | None) -> list[str]:
-    """``[campaign]``, or every stored campaign when it is None (none: an empty report)."""
-    known = [c.id for c in await store.list_campaigns()]
-    if campaign is not None and campaign not in known:
-        raise InputError(
-            source, "campaign", f"no campaign {campaign!r} (stored: {', '.join(known) or 'none'})"
-        )
-    return [campaign] if campaign else known
 
 
 async def _campaign(

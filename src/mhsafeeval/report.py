@@ -35,6 +35,7 @@ __all__ = [
     "load_reports_and_logs",
     "render_text",
     "report_json",
+    "wanted_campaigns",
 ]
 
 SPARSE_ATTEMPTS = 5
@@ -101,8 +102,14 @@ def report_of(
     )
 
 
-async def _wanted(store: EventStore, campaign: str | None, source: str | Path | None) -> list[str]:
-    """``[campaign]``, or every stored campaign when it is None."""
+async def wanted_campaigns(
+    store: EventStore, campaign: str | None, source: str | Path | None
+) -> list[str]:
+    """``[campaign]``, or every stored campaign when it is None (none stored: ``[]``).
+
+    Raises:
+        InputError: no such campaign (``source`` names the database).
+    """
     known = [c.id for c in await store.list_campaigns()]
     if campaign is not None and campaign not in known:
         raise InputError(
@@ -127,7 +134,7 @@ async def load_reports_and_logs(
     (:func:`~mhsafeeval.storage.metrics_of`) would miss what it forgot.
     """
     out = []
-    for name in await _wanted(store, campaign, source):
+    for name in await wanted_campaigns(store, campaign, source):
         retried = await store.superseded(name)
         tallied = None if whole else await _tallied_log(store, name)
         if tallied is None:  # a late event: the figures read every attempt

@@ -179,6 +179,7 @@ class Runtime:
         await self._tg.__aenter__()
         # The backend's Event class, looked up once: anyio.Event() dispatches on every call.
         self._event_cls = type(anyio.Event())
+        self._fifo_tasks = self._event_cls.__module__.endswith("._asyncio")
         return self
 
     async def __aexit__(
@@ -515,7 +516,9 @@ class Runtime:
                 async with anyio.create_task_group() as tg:
                     # fast_acquire: a free slot does not yield to the event loop first (it
                     # would once per message, each yield adding to a model call's latency).
-                    slots = anyio.Semaphore(width, fast_acquire=True)
+                    # Only where new tasks start in the order they were spawned (asyncio):
+                    # trio shuffles them, so there the yield keeps handlers in mailbox order.
+                    slots = anyio.Semaphore(width, fast_acquire=self._fifo_tasks)
                     await self._drain_concurrently(mbox, tg, slots)
             else:
                 await self._drain_in_order(mbox)
