@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import report_scale  # the same campaign builder
+
 CONFIG = """
 [campaign]
 name = "panel"
@@ -42,7 +44,6 @@ temperature = 0.5
 provider = "scripted/bench-strict-judge"
 temperature = 0.5
 """
-PROFILES = ("grief-widower", "panic-disorder-bus-driver")
 BUILD = """
 import json, sys, anyio
 from mhsafeeval.campaign import run_campaign
@@ -70,19 +71,7 @@ anyio.run(main, backend="asyncio")
 
 def build(db: Path, conversations: int) -> None:
     """Run a scripted campaign with a panel of ``conversations`` into ``db`` (a child)."""
-    from mhsafeeval.testing import scripted_models
-
-    per_profile = max(1, conversations // len(PROFILES))
-    profiles = "[" + ", ".join(f'"{p}"' for p in PROFILES) + "]"
-    config = db.with_suffix(".toml")
-    config.write_text(CONFIG.format(per_profile=per_profile, profiles=profiles) + scripted_models())
-    partial = db.with_suffix(".partial")
-    partial.unlink(missing_ok=True)
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", BUILD, str(config), str(partial)], check=True)
-    os.replace(partial, db)
-    Path(f"{partial}.lock").unlink(missing_ok=True)
-    print(f"built {db} ({conversations} conversations) in {time.perf_counter() - start:.0f} s")
+    report_scale.build(db, conversations, config_template=CONFIG, code=BUILD)
 
 
 def measure(command: list[str], src: Path | None) -> tuple[float, float, float]:

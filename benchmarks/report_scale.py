@@ -41,31 +41,37 @@ PROFILES = ("grief-widower", "panic-disorder-bus-driver")
 COMMANDS = ("text", "json", "html", "jsonl", "csv")
 
 
-def build(db: Path, conversations: int) -> None:
-    """Run a scripted campaign of ``conversations`` into ``db`` (in a child process)."""
+BUILD = """
+import sys, anyio
+from mhsafeeval.campaign import run_campaign
+from mhsafeeval.config import read_config
+from mhsafeeval.runtime import configure_logging
+from mhsafeeval.storage import SqliteEventStore
+configure_logging(level="error")
+async def main():
+    text, config = read_config(sys.argv[1])
+    async with SqliteEventStore(sys.argv[2]) as store:
+        r = await run_campaign(config, store, config_text=text)
+    assert r.status == "completed", r.status
+anyio.run(main, backend="asyncio")
+"""
+
+
+def build(
+    db: Path, conversations: int, *, config_template: str = CONFIG, code: str = BUILD
+) -> None:
+    """Run a scripted campaign of ``conversations`` into ``db`` (in a child process running
+    ``code`` with the config file and the database as arguments)."""
     from mhsafeeval.testing import scripted_models
 
     per_profile = max(1, conversations // len(PROFILES))
     profiles = "[" + ", ".join(f'"{p}"' for p in PROFILES) + "]"
     config = db.with_suffix(".toml")
-    config.write_text(CONFIG.format(per_profile=per_profile, profiles=profiles) + scripted_models())
+    text = config_template.format(per_profile=per_profile, profiles=profiles)
+    config.write_text(text + scripted_models())
     partial = db.with_suffix(".partial")
     partial.unlink(missing_ok=True)
     start = time.perf_counter()
-    code = (
-        "import sys, anyio\n"
-        "from mhsafeeval.campaign import run_campaign\n"
-        "from mhsafeeval.config import read_config\n"
-        "from mhsafeeval.runtime import configure_logging\n"
-        "from mhsafeeval.storage import SqliteEventStore\n"
-        "configure_logging(level='error')\n"
-        "async def main():\n"
-        "    text, config = read_config(sys.argv[1])\n"
-        "    async with SqliteEventStore(sys.argv[2]) as store:\n"
-        "        r = await run_campaign(config, store, config_text=text)\n"
-        "    assert r.status == 'completed', r.status\n"
-        "anyio.run(main, backend='asyncio')\n"
-    )
     subprocess.run([sys.executable, "-c", code, str(config), str(partial)], check=True)
     os.replace(partial, db)
     Path(f"{partial}.lock").unlink(missing_ok=True)

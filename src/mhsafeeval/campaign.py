@@ -71,6 +71,7 @@ from mhsafeeval.taxonomy import Taxonomy
 __all__ = [
     "DEMO_CONFIG",
     "CampaignResult",
+    "ModelClients",
     "PanelService",
     "PreparedCampaign",
     "campaign_graph",
@@ -121,19 +122,8 @@ async def run_campaign(
     """
     prepared = await prepare_campaign(config, store, source=source, plan=plan)
     plan, starts, stored, budget = prepared.plan, prepared.starts, prepared.stored, prepared.budget
-    clients: dict[str, ResilientClient] = {}
-    # One client per distinct model settings, one concurrency limit per endpoint (the
-    # provider's connection_key) shared by every table on it.
-    opener = open_client or functools.partial(open_model, connections=Connections())
-
-    def client_for(model: ModelSettings, *, counselor: bool = False) -> ModelClient:
-        # Every call goes through the budget when it has a limit, counselor calls counted apart.
-        ident = msgspec.json.encode(model).decode()
-        if ident not in clients:
-            clients[ident] = opener(model)
-        client: ModelClient = clients[ident]
-        return BudgetedModel(client, budget, counselor=counselor) if budget.limited else client
-
+    client_for = ModelClients(budget if budget.limited else None, open_client=open_client)
+    clients = client_for.clients
     panel = panel_service(config, plan.taxonomy, store, stored.count if stored else 0, client_for)
     graph = campaign_graph(
         config,
@@ -211,6 +201,44 @@ async def prepare_campaign(
     # salt of its session ids, so a new campaign of the same name gets sessions of its own.
     info = await store.register_campaign(config.campaign.name, stored_config(config, plan))
     return PreparedCampaign(plan, starts, stored, budget, repr(info.created_at))
+
+
+class ModelClients:
+    """The model clients of one run, called as ``client_for(settings, counselor=...)``: one
+    :class:`~mhsafeeval.runtime.providers.ResilientClient` per distinct model settings, one
+    concurrency limit per endpoint (the provider's connection_key) shared by every table on
+    it, and every call through ``budget`` when there is one (counselor calls counted apart).
+
+    ``share``: this process runs 1/``share`` of the run (a worker of a distributed run), so
+    each table's ``max_concurrency`` is cut to its part. ``open_client``: opens a client
+    (default: :func:`~mhsafeeval.runtime.providers.open_model` with shared connections).
+    """
+
+    def __init__(
+        self,
+        budget: Budget | None,
+        *,
+        open_client: Callable[[ModelSettings], ResilientClient] | None = None,
+        share: int = 1,
+    ) -> None:
+        self.budget = budget
+        self.share = share
+        self.clients: dict[str, ResilientClient] = {}
+        self._open = open_client or functools.partial(open_model, connections=Connections())
+
+    def __call__(self, model: ModelSettings, *, counselor: bool = False) -> ModelClient:
+        if self.share > 1:  # an endpoint's max_concurrency is the whole run's
+            most = max(1, -(-model.max_concurrency // self.share))
+            model = msgspec.structs.replace(
+                model, max_concurrency=most, min_concurrency=min(model.min_concurrency, most)
+            )
+        ident = msgspec.json.encode(model).decode()
+        if ident not in self.clients:
+            self.clients[ident] = self._open(model)
+        client: ModelClient = self.clients[ident]
+        if self.budget is None:
+            return client
+        return BudgetedModel(client, self.budget, counselor=counselor)
 
 
 ROLES = ("client", "mutator", "judge", "refiner")

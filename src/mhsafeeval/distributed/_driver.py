@@ -18,13 +18,14 @@ import structlog
 
 from mhsafeeval.campaign import (
     CampaignResult,
+    ModelClients,
     PanelService,
     campaign_graph,
     panel_service,
     prepare_campaign,
 )
 from mhsafeeval.config import Config
-from mhsafeeval.engine import RunResult, Stored, stored_messages
+from mhsafeeval.engine import RunResult, Stored, resume_services, stored_messages
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import (
     ArchiveUpdated,
@@ -41,7 +42,7 @@ from mhsafeeval.storage import EventStore
 from ._shared import ArchiveHub, BudgetLedger
 
 if TYPE_CHECKING:
-    from mhsafeeval.runtime.providers import ModelClient, ModelSettings, ResilientClient
+    from mhsafeeval.runtime.providers import ResilientClient
 from ._worker import RemoteBudget, ShardWorker
 
 __all__ = ["connect", "run_distributed"]
@@ -344,30 +345,13 @@ class _Driver:
         """The ``[judges]`` panel, run here in the driver as a plain run runs it (it reads the
         judged replies from the workers' batches and stores its ratings; every call through
         the shared budget), given the stored part first; its model clients (to close)."""
-        from mhsafeeval.budget import BudgetedModel
-        from mhsafeeval.runtime.providers import Connections, open_model
-
         if not self.config.judges.panel:
             return []
-        connections = Connections()
-        clients: list[ResilientClient] = []
-
-        def client_for(settings: ModelSettings) -> ModelClient:
-            client = open_model(settings, connections=connections)
-            clients.append(client)
-            return BudgetedModel(client, budget, counselor=False) if budget is not None else client
-
+        client_for = ModelClients(budget)
         self.panel = panel_service(self.config, plan.taxonomy, self.store, run, client_for)
+        clients = list(client_for.clients.values())
         if self.panel is not None and stored is not None:  # what the stored part left unrated
-            page: list[Message] = []
-            async for _, _, msg in stored_messages(
-                self.store, self.config.campaign.name, upto=stored.last_seq
-            ):
-                page.append(msg)
-                if len(page) >= 1000:
-                    self.panel.resume(page)
-                    page = []
-            self.panel.resume(page)
+            await resume_services([self.panel], self.store, self.config.campaign.name, stored)
         return clients
 
     async def _panel_done(self, budget: RemoteBudget | None) -> None:

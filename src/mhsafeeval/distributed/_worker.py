@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -207,16 +206,10 @@ class ShardWorker:
 
     async def run(self) -> dict[str, Any]:
         """Run the shard to its end (or a limit); returns its RunResult as builtins."""
-        from mhsafeeval.campaign import ROLES, campaign_graph
+        from mhsafeeval.campaign import ROLES, ModelClients, campaign_graph
         from mhsafeeval.engine import run_graph
         from mhsafeeval.plan import stored_config
         from mhsafeeval.runtime import configure_logging
-        from mhsafeeval.runtime.providers import (
-            Connections,
-            ModelClient,
-            ModelSettings,
-            open_model,
-        )
 
         # The driver's level: structlog's default logs every call (and costs CPU per call).
         configure_logging(self.log_level)
@@ -233,22 +226,8 @@ class ShardWorker:
             if self.ledger is not None and Budget(config.budget).limited
             else None
         )
-        opener = functools.partial(open_model, connections=Connections())
-        clients: dict[str, Any] = {}
-
-        def client_for(model: ModelSettings, *, counselor: bool = False) -> ModelClient:
-            from mhsafeeval.budget import BudgetedModel
-
-            # An endpoint's max_concurrency is the whole run's: each worker gets its share.
-            most = max(1, -(-model.max_concurrency // self.workers))
-            model = msgspec.structs.replace(
-                model, max_concurrency=most, min_concurrency=min(model.min_concurrency, most)
-            )
-            ident = msgspec.json.encode(model).decode()
-            if ident not in clients:
-                clients[ident] = opener(model)
-            client: ModelClient = clients[ident]
-            return BudgetedModel(client, budget, counselor=counselor) if budget else client
+        client_for = ModelClients(budget, share=self.workers)
+        clients = client_for.clients
 
         graph = campaign_graph(
             config,

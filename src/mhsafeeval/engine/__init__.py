@@ -21,7 +21,7 @@ The MHSafeEval campaign (:func:`mhsafeeval.campaign.run_campaign`) is one graph 
 """
 
 from ._graph import Graph, Node, RunResult, Service
-from ._run import run_graph
+from ._run import resume_services, run_graph
 from ._stored import Stored, load_stored, stored_messages
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Service",
     "Stored",
     "load_stored",
+    "resume_services",
     "run_graph",
     "stored_messages",
 ]

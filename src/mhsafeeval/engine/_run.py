@@ -19,7 +19,7 @@ from ._graph import Graph, Limits, RunResult, Service
 from ._scheduler import Scheduler
 from ._stored import Stored, load_stored, stored_messages
 
-__all__ = ["run_graph"]
+__all__ = ["resume_services", "run_graph"]
 
 log = structlog.get_logger("mhsafeeval.engine")
 
@@ -146,7 +146,7 @@ async def _resume_or_run(
     if stored is not None and stored.outcome is not None:
         log.info("campaign.already_finished", status=stored.outcome.status, events=resumed_from)
         if graph.services:  # what a service has to do for the stored part
-            await _resume_services(graph.services, store, graph.campaign, stored)
+            await resume_services(graph.services, store, graph.campaign, stored)
         if any(s.pending for s in graph.services):  # added later, or failed earlier
             async with anyio.create_task_group() as tg:
                 for service in graph.services:
@@ -159,10 +159,11 @@ async def _resume_or_run(
     return await _run(graph, store, stored, resumed_from, limits, observers)
 
 
-async def _resume_services(
+async def resume_services(
     services: Sequence[Service], store: EventStore, campaign: str, stored: Stored
 ) -> None:
-    """Hand the stored part to the services, page by page (nothing is replayed)."""
+    """Hand the stored part to the services, page by page (nothing is replayed): what a
+    resumed :func:`run_graph` does, for a composition root that runs a service itself."""
     page: list[Message] = []
     async for _, _, msg in stored_messages(store, campaign, upto=stored.last_seq):
         page.append(msg)
