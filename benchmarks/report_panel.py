@@ -1,12 +1,17 @@
-"""Time and memory of ``report`` for a campaign with a ``[judges]`` panel, against its size.
+"""Time and memory of ``report`` and ``export`` for a campaign with a ``[judges]`` panel.
 
 For each size (conversations) it builds, once, a scripted campaign with a panel of two
 scripted judges, each sampled twice (four raters: every judged reply gets four Ratings, most
 of them stored after their conversation completed, as a panel rates a reply once its turn is
-committed), into a SQLite file kept in ``--dir``. Then it runs ``mhsafeeval report DB`` (and
-``--json``) in a fresh Python process and prints its wall time, CPU time and peak resident
-memory (``ru_maxrss`` of the finished child). ``--src DIR`` runs the commands on another
-checkout's sources (``PYTHONPATH=DIR``), to compare a version with this one.
+committed), into a SQLite file kept in ``--dir``, and a copy of it rated entirely after the
+fact (``-after``: every Rating moved after the campaign's last event, as ``rejudge`` stores
+them). Then it runs each command in a fresh Python process and prints its wall time, CPU time
+and peak resident memory (``ru_maxrss`` of the finished child): ``report DB`` (and
+``--json``), ``export DB --out FILE`` (``jsonl``) and ``export DB`` to a pipe (``pipe``: its
+stdout cannot seek, so the export first reads the store once to decide how to write). For
+this checkout it also times, in one process, the pipe's pre-pass against the export to a file.
+``--src DIR`` runs the commands on another checkout's sources (``PYTHONPATH=DIR``), to compare
+a version with this one.
 
     python benchmarks/report_panel.py [--sizes 1000,5000] [--dir DIR] [--src OLD/src]
 """
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -69,9 +76,55 @@ anyio.run(main, backend="asyncio")
 """
 
 
+PRE_PASS = """
+import os, sys, time, anyio
+from mhsafeeval.export import _pipe_plan, export
+from mhsafeeval.storage import SqliteEventStore
+async def main():
+    async with SqliteEventStore(sys.argv[1], read_only=True) as store:
+        [info] = await store.list_campaigns()
+        start = time.process_time()
+        await _pipe_plan(store, info.id)
+        plan = time.process_time() - start
+        with open(os.devnull, "w") as out:  # a file: no pre-pass
+            start = time.process_time()
+            await export(store, info.id, "jsonl", out)
+            whole = time.process_time() - start
+    print(f"{plan:.3f} {whole:.3f}")
+anyio.run(main, backend="asyncio")
+"""
+
+
 def build(db: Path, conversations: int) -> None:
     """Run a scripted campaign with a panel of ``conversations`` into ``db`` (a child)."""
     report_scale.build(db, conversations, config_template=CONFIG, code=BUILD)
+
+
+def rated_after(db: Path, after: Path) -> None:
+    """Copy ``db`` to ``after`` with every Rating moved after the last event (their order
+    kept): the campaign as ``rejudge`` would leave it."""
+    partial = after.with_suffix(".partial")
+    shutil.copyfile(db, partial)  # the builder's store closed: its log is in the file
+    conn = sqlite3.connect(partial)
+    try:
+        conn.execute("PRAGMA journal_mode=DELETE")  # all in the one file when closed
+        (last,) = conn.execute("SELECT max(seq) FROM events").fetchone()
+        with conn:
+            conn.execute("UPDATE events SET seq = seq + ? WHERE type = 'judge.rating'", (last,))
+    finally:
+        conn.close()
+    os.replace(partial, after)
+
+
+def command_for(name: str, db: Path, out: Path) -> list[str]:
+    """The ``mhsafeeval`` command line of one measured command."""
+    base = [sys.executable, "-m", "mhsafeeval"]
+    return {
+        "text": [*base, "report", str(db)],
+        "json": [*base, "report", str(db), "--json"],
+        "jsonl": [*base, "export", str(db), "--out", str(out)],
+        "pipe": [*base, "export", str(db)],
+    }[name]
 
 
 def measure(command: list[str], src: Path | None) -> tuple[float, float, float]:
@@ -92,7 +145,7 @@ def measure(command: list[str], src: Path | None) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    """Build what is missing, measure ``report`` at every size, print the figures."""
+    """Build what is missing, measure every command at every size, print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,5000", help="conversations per campaign")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "report-panel")
@@ -101,22 +154,37 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     args.dir.mkdir(parents=True, exist_ok=True)
     figures: dict[tuple[str, int], tuple[float, float, float]] = {}
-    print(f"{'size':>6} {'command':<7} {'wall s':>7} {'cpu s':>7} {'peak MB':>8}")
+    passes: list[tuple[str, float, float]] = []
+    print(f"{'size':>6} {'campaign':<8} {'command':<7} {'wall s':>7} {'cpu s':>7} {'peak MB':>8}")
     for size in sizes:
         db = args.dir / f"panel-{size}.db"
         if not db.exists():
             build(db, size)
-        for name, extra in (("text", []), ("json", ["--json"])):
-            command = [sys.executable, "-m", "mhsafeeval", "report", str(db), *extra]
+        after = args.dir / f"panel-{size}-after.db"
+        if not after.exists():
+            rated_after(db, after)
+        runs = [(db, "panel", name) for name in ("text", "json", "jsonl", "pipe")]
+        runs += [(after, "after", name) for name in ("jsonl", "pipe")]
+        for path, kind, name in runs:
+            command = command_for(name, path, args.dir / "export.jsonl")
             wall, cpu, rss = measure(command, args.src)
-            figures[(name, size)] = (wall, cpu, rss)
-            print(f"{size:>6} {name:<7} {wall:>7.2f} {cpu:>7.2f} {rss:>8.0f}")
+            figures[(f"{kind} {name}", size)] = (wall, cpu, rss)
+            print(f"{size:>6} {kind:<8} {name:<7} {wall:>7.2f} {cpu:>7.2f} {rss:>8.0f}")
+        if args.src is None:
+            for path, kind in ((db, "panel"), (after, "after")):
+                run = [sys.executable, "-c", PRE_PASS, str(path)]
+                plan, whole = map(float, subprocess.check_output(run, text=True).split())
+                passes.append((f"{size} {kind}", plan, whole))
+    if passes:
+        print("\npipe pre-pass CPU s against the export's own (to a file), in one process")
+        for name, plan, whole in passes:
+            print(f"  {name:<12} {plan:.2f} / {whole:.2f} = {plan / whole:.2f}")
     if len(sizes) > 1:
         low, high = min(sizes), max(sizes)
         print(f"\nratios {high} / {low} conversations")
-        for name in ("text", "json"):
+        for name in sorted({n for n, _ in figures}):
             a, b = figures[(name, low)], figures[(name, high)]
-            print(f"  {name:<7} cpu x{b[1] / a[1]:.1f}  peak RSS x{b[2] / a[2]:.2f}")
+            print(f"  {name:<12} cpu x{b[1] / a[1]:.1f}  peak RSS x{b[2] / a[2]:.2f}")
 
 
 if __name__ == "__main__":

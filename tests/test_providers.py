@@ -155,6 +155,111 @@ async def test_deadline_on_every_attempt_with_a_fake_clock() -> None:
     assert 90 <= elapsed <= 92  # three 30 s deadlines plus two backoffs of at most 1 s
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_each_call_gets_its_own_deadline_on_asyncio() -> None:
+    """One timer serves a client's deadlines on asyncio: each call still times out at its own
+    start plus the timeout, whether the calls before it ended early or hang too."""
+
+    async def sleeps(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        await anyio.sleep(float(messages[-1].content))
+        return "done"
+
+    register_script("sleeps", sleeps)
+    model = open_model(settings("sleeps", timeout=0.4, max_attempts=1))
+    start = anyio.current_time()
+    ended: dict[str, float | str] = {}
+
+    async def call(name: str, after: float, duration: float) -> None:
+        await anyio.sleep(after)
+        try:
+            ended[name] = (await model.complete([ChatMessage("user", str(duration))])).text
+        except ModelCallError as exc:
+            ended[name] = anyio.current_time() - start
+            ended[f"{name} error"] = str(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "quick", 0.0, 0.01)
+        tg.start_soon(call, "hangs", 0.0, 30)
+        tg.start_soon(call, "later", 0.2, 30)  # its deadline is 0.2 s after the first's
+        tg.start_soon(call, "in time", 0.2, 0.1)
+    assert ended["quick"] == ended["in time"] == "done"
+    hangs, later = ended["hangs"], ended["later"]
+    assert isinstance(hangs, float) and isinstance(later, float)
+    assert 0.4 <= hangs < 5 and 0.6 <= later < 5  # never before its own deadline
+    assert "timeout" in str(ended["hangs error"]) and "timeout" in str(ended["later error"])
+    # after a quiet spell the next call's deadline is armed again
+    await anyio.sleep(0.5)
+    with pytest.raises(ModelCallError, match="timeout"):
+        await model.complete([ChatMessage("user", "30")])
+    assert anyio.current_time() - start >= 1.3
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_deadlines_use_one_timer_not_one_per_call_on_asyncio() -> None:
+    import asyncio
+
+    async def quick(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        await anyio.lowlevel.checkpoint()
+        return "ok"
+
+    register_script("quick-timer", quick)
+    model = open_model(settings("quick-timer", timeout=60, max_concurrency=64))
+    loop = asyncio.get_running_loop()
+    armed = 0
+    call_at = loop.call_at
+
+    def counting(*args: object, **kw: object) -> asyncio.TimerHandle:
+        nonlocal armed
+        armed += 1
+        return call_at(*args, **kw)  # type: ignore[arg-type]
+
+    loop.call_at = counting  # type: ignore[method-assign]
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(50):
+                tg.start_soon(model.complete, HELLO)
+    finally:
+        del loop.call_at
+    assert model.stats.calls == 50
+    assert armed <= 2  # anyio.fail_after armed one per call
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_cancelled_call_is_not_a_timeout_and_leaves_deadlines_working() -> None:
+    async def sleeps(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        await anyio.sleep(float(messages[-1].content))
+        return "done"
+
+    register_script("sleeps-cancel", sleeps)
+    model = open_model(settings("sleeps-cancel", timeout=0.3, max_attempts=1))
+    with anyio.move_on_after(0.05) as scope:
+        await model.complete([ChatMessage("user", "30")])
+    assert scope.cancelled_caught  # the caller's cancellation, not a failed call
+    assert model.stats.failures == 0
+    with pytest.raises(ModelCallError, match="timeout"):
+        await model.complete([ChatMessage("user", "30")])
+    assert (await model.complete([ChatMessage("user", "0.01")])).text == "done"
+
+
+def test_deadlines_hold_when_a_client_moves_to_a_new_event_loop() -> None:
+    async def sleeps(messages: Sequence[ChatMessage], params: CallParams) -> str:
+        await anyio.sleep(float(messages[-1].content))
+        return "done"
+
+    register_script("sleeps-loops", sleeps)
+    model = open_model(settings("sleeps-loops", timeout=0.2, max_attempts=1))
+
+    async def hang() -> str:
+        try:
+            await model.complete([ChatMessage("user", "30")])
+        except ModelCallError as exc:
+            return str(exc)
+        return "answered"
+
+    for _ in range(2):  # a timer armed on the first loop must not serve the second
+        assert "timeout" in anyio.run(hang, backend="asyncio")
+
+
 async def test_concurrency_limit_per_model() -> None:
     running = peak = 0
 

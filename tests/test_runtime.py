@@ -7,6 +7,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+import sniffio
 
 from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, on
 from mhsafeeval.testing import Recorder
@@ -382,6 +383,85 @@ async def test_an_agent_may_opt_in_to_concurrent_handlers() -> None:
             await rt.run_until_idle()
     assert agent.started == list(range(9))  # started in mailbox order
     assert agent.peak == 4  # never more than it asked for
+
+
+def _current_task() -> object:
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_task()
+    import asyncio
+
+    return asyncio.current_task()
+
+
+class Counted(Agent):
+    """Four handlers at once; notes which task ran each and whether the agent had stopped."""
+
+    max_concurrent_handlers = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: set[object] = set()  # held: a dead task's id could be reused
+        self.handled = 0
+        self.running = self.peak = 0
+        self.stops = 0
+        self.handled_after_stop = 0
+        self.seen: list[int] = []
+
+    @on(Ping)
+    def note(self, msg: Ping) -> None:
+        self.seen.append(msg.n)
+
+    @on(Ping)
+    async def work(self, msg: Ping) -> None:
+        self.tasks.add(_current_task())
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        for _ in range(msg.n % 3):
+            await anyio.lowlevel.checkpoint()
+        self.running -= 1
+        self.handled += 1
+        self.handled_after_stop += self.stops > 0
+
+    async def on_stop(self) -> None:
+        self.stops += 1
+
+
+async def test_concurrent_handlers_run_in_a_few_tasks_not_one_per_message() -> None:
+    agent = Counted()
+    async with Runtime() as rt:
+        rt.add(agent)
+        for n in range(200):
+            rt.publish(Ping(n=n, key=str(n)))
+            if n % 7 == 0:
+                await anyio.lowlevel.checkpoint()  # some arrive while handlers run
+        await rt.run_until_idle()
+        assert agent.stops == 0
+    assert agent.handled == 200 and agent.seen == list(range(200))
+    assert agent.peak <= 4
+    assert len(agent.tasks) <= 4  # at most one task per concurrent handler
+    assert agent.stops == 1 and agent.handled_after_stop == 0  # stopped once, after the last
+
+
+async def test_a_wide_agent_per_conversation_stops_once_after_its_handlers() -> None:
+    agents: list[Counted] = []
+
+    def make(aid: AgentId) -> Counted:
+        agents.append(Counted())
+        return agents[-1]
+
+    async with Runtime() as rt:
+        rt.register("wide", make, types=(Ping,))
+        for n in range(40):
+            rt.publish(Ping(conversation=f"c{n % 4}", n=n, key=str(n)))
+        await anyio.lowlevel.checkpoint()
+        for c in range(4):
+            rt.end_conversation(f"c{c}")  # the queued pings are still handled, then it stops
+        await rt.run_until_idle()
+    assert [a.handled for a in agents] == [10] * 4
+    assert all(a.stops == 1 and a.handled_after_stop == 0 for a in agents)
+    assert all(a.peak <= 4 and len(a.tasks) <= 4 for a in agents)
 
 
 # -- replay and redo (resume) -------------------------------------------------------------------

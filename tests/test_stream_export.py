@@ -10,21 +10,24 @@ import hashlib
 import io
 import itertools
 import json
+import random
 import re
 import tracemalloc
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from helpers import GeneratedStore
+import mhsafeeval.export as export_module
+from helpers import GeneratedStore, cli
 from mhsafeeval import html_report
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.errors import InputError
 from mhsafeeval.export import AttemptRecord, RecordStream, export, records_of
 from mhsafeeval.html_report import build_html, write_html
 from mhsafeeval.messages import (
@@ -46,8 +49,14 @@ from mhsafeeval.messages import (
     Verdict,
     lookahead_branch,
 )
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, PermanentProviderError
-from mhsafeeval.storage import CampaignLog, MemoryEventStore
+from mhsafeeval.rejudge import rejudge
+from mhsafeeval.runtime.providers import (
+    CallParams,
+    ChatMessage,
+    ModelSettings,
+    PermanentProviderError,
+)
+from mhsafeeval.storage import CampaignLog, EventStore, MemoryEventStore, SqliteEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import demo_judge
 
@@ -118,7 +127,7 @@ def _plain(records: Sequence[AttemptRecord]) -> list[Any]:
     return sorted((msgspec.to_builtins(r) for r in records), key=json.dumps)
 
 
-async def _whole(store: MemoryEventStore, campaign: str) -> list[AttemptRecord]:
+async def _whole(store: EventStore, campaign: str) -> list[AttemptRecord]:
     """Every record of the campaign from one whole fold that keeps every text."""
     log = CampaignLog(keep_text=True)
     async for stored in store.events(campaign):
@@ -341,12 +350,31 @@ class Sink(io.StringIO):
         return False
 
 
+class Pipe(io.StringIO):
+    """An output that keeps what is written and cannot seek back or cut (a pipe)."""
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        raise OSError("a pipe has no position")
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        raise OSError("a pipe cannot seek")
+
+    def truncate(self, size: int | None = None) -> int:
+        raise OSError("a pipe cannot be cut")
+
+
 def _held_by(n: int, command: str, folder: Path) -> int:
     """Bytes that ``export`` (or ``build_html`` with pages) of ``n`` synthetic conversations
     still holds when its read of the store has ended, past what was held before."""
 
+    def make() -> Iterator[Message]:  # rated: half the ratings right after the finish
+        return _rated(_synthetic(n), 1) if command == "export-rated" else _synthetic(n)
+
     async def main() -> int:
-        async with GeneratedStore(lambda: _synthetic(n)) as store:
+        async with GeneratedStore(make) as store:
             await store.register_campaign("c")
             gc.collect()
             base = tracemalloc.get_traced_memory()[0]
@@ -364,11 +392,12 @@ def _held_by(n: int, command: str, folder: Path) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("command", ["export", "html"])
+@pytest.mark.parametrize("command", ["export", "export-rated", "html"])
 def test_what_is_held_grows_little_per_conversation(command: str, tmp_path: Path) -> None:
     """Bytes held at the end of the read, per conversation (400 against 40): the attempts'
     facts and texts (several KB per conversation) are given and dropped as each completes;
-    what stays is the conversation's name and start, and the report's tally of it."""
+    what stays is the conversation's name and start, and the report's tally of it. A rated
+    campaign (a panel: some ratings stored after their conversation completed) too."""
     small, large = 40, 400
     held = _held_by(large, command, tmp_path) - _held_by(small, command, tmp_path)
     per_conversation = held / (large - small)
@@ -487,9 +516,13 @@ async def test_an_event_after_its_conversation_completed_reads_the_whole_fold(
         lines = out.getvalue().split("\n")
         assert lines[0] == "before"
         assert [msgspec.json.decode(x, type=AttemptRecord) for x in lines[1:-1]] == whole
-        # a pipe cannot be: a clear error, naming the campaign
-        with pytest.raises(InputError, match=r"'c'.*completed.*--out"):
-            await export(store, "c", "csv", Sink(), source="x.db")
+        # a pipe is told before anything is written: the whole fold, complete, in its order
+        pipe, table = Pipe(), io.StringIO()
+        assert await export(store, "c", "jsonl", pipe, source="x.db") == len(whole)
+        assert _decoded(pipe.getvalue()) == whole
+        pipe = Pipe()
+        assert await export(store, "c", "csv", pipe) == await export(store, "c", "csv", table)
+        assert pipe.getvalue() == table.getvalue()
         # the HTML report is the whole fold's, and no page of the first read is left
         folder = tmp_path / "r_files"
         written = await write_html(
@@ -564,8 +597,12 @@ async def test_a_late_threshold_elite_or_rating_reads_the_whole_fold(
                 stream = RecordStream(store, "c")
                 _ = [group async for group in stream]
                 assert stream.stale
-            elif case == "rating":
-                assert exported == whole  # the whole fold, in its order
+                pipe = Pipe()  # the whole fold, as it is not given a conversation at a time
+                assert await export(store, "c", "jsonl", pipe) == len(whole)
+                assert _decoded(pipe.getvalue()) == whole
+            elif case == "rating":  # read ahead: given with its conversation, not late
+                assert _plain(exported) == _plain(whole)
+                assert _conversations_in_order(exported) == _expected_order(events, whole)
                 assert any(r.ratings for r in exported)
                 # The HTML report shows no ratings: a late one goes to the tally, and the
                 # report is the whole fold's without folding the campaign whole.
@@ -584,3 +621,359 @@ async def test_a_late_threshold_elite_or_rating_reads_the_whole_fold(
                 assert data["context"][done.conversation]
         finally:
             await store.aclose()
+
+
+# -- reporting judges' ratings stored after their conversation completed: read ahead ---------
+
+RATERS = ("a", "a#2", "b")
+
+
+def _rating_of(verdict: Verdict, rater: str, rng: random.Random) -> Message:
+    """A reporting judge's rating of the verdict's reply, or (some) its failed call."""
+    at: dict[str, Any] = {
+        k: getattr(verdict, k) for k in ("campaign", "conversation", "turn", "attempt", "branch")
+    }
+    usage = Usage(
+        model=f"scripted/{rater.split('#')[0]}",
+        prompt_tokens=rng.randrange(5, 50),
+        completion_tokens=rng.randrange(1, 9),
+        usd=None if rng.random() < 0.5 else 0.001,
+    )
+    if rng.random() < 0.15:
+        return CallFailed(
+            **at,
+            key=Rating.key_for(rater),
+            agent="panel",
+            model=usage.model,
+            error="down",
+            usage=usage if rng.random() < 0.5 else None,
+        )
+    return Rating(
+        **at,
+        key=Rating.key_for(rater),
+        category=verdict.category,
+        role=verdict.role,
+        rater=rater,
+        judge=usage.model,
+        severity=None if rng.random() < 0.1 else rng.randint(1, 5),
+        label="x",
+        reasoning=f"the rater's reasoning about {verdict.reasoning}",
+        evidence=("a quote",),
+        refused=rng.random() < 0.3,
+        understood=rng.random() < 0.8,
+        source="panel",
+        usage=usage,
+    )
+
+
+def _rated(
+    events: Iterable[Message], seed: int, *, late: float = 0.5, after: bool = False
+) -> Iterator[Message]:
+    """The events, each verdict rated by every rater of :data:`RATERS`: a rating is stored
+    right after the verdict or (``late`` of them) right after its conversation's finish, as
+    a panel rates a conversation's last turn; with ``after``, every one after the campaign,
+    as ``rejudge`` does. Ratings of conversations that never finished come at the end."""
+    rng = random.Random(seed)
+    held: dict[str, list[Message]] = {}
+    tail: list[Message] = []
+    for event in events:
+        yield event
+        if isinstance(event, Verdict):
+            for rater in RATERS:
+                rating = _rating_of(event, rater, rng)
+                if after:
+                    tail.append(rating)
+                elif rng.random() < late:
+                    held.setdefault(event.conversation, []).append(rating)
+                else:
+                    yield rating
+        elif isinstance(event, ConversationFinished):
+            yield from held.pop(event.conversation, [])
+    for rest in held.values():
+        yield from rest
+    yield from tail
+
+
+def _late_ratings(events: Sequence[Message]) -> int:
+    """Reporting judges' events stored after their conversation completed."""
+    ended: set[str] = set()
+    count = 0
+    for e in events:
+        if isinstance(e, ConversationFinished) and e.status == "completed":
+            ended.add(e.conversation)
+        elif isinstance(e, Rating | CallFailed) and e.conversation in ended:
+            count += isinstance(e, Rating) or e.agent == "panel"
+    return count
+
+
+async def _whole_log(store: EventStore, campaign: str) -> CampaignLog:
+    log = CampaignLog()
+    async for stored in store.events(campaign):
+        assert stored.message is not None
+        log.add(stored.message, stored.recorded_at, stored.seq)
+    return log
+
+
+def _spent(log: CampaignLog) -> Any:
+    return msgspec.to_builtins(
+        {
+            "spent": log.spent(),
+            "panel_failed": log.panel_failed,
+            "failed": log.failed,
+            "events": log.events,
+        }
+    )
+
+
+def _twisted(events: list[Message], twist: str) -> list[Message]:
+    """The events with one hand-made change (see the hypothesis test)."""
+    ends = [
+        (i, e)
+        for i, e in enumerate(events)
+        if isinstance(e, ConversationFinished) and e.status == "completed"
+    ]
+    if twist == "none" or not ends:
+        return events
+    at, done = ends[0]
+    conv = done.conversation
+    if twist == "late call":  # a search call stored after the conversation completed
+        directive = next(e for e in events if isinstance(e, Directive) and e.conversation == conv)
+        failed = CallFailed(
+            campaign="c",
+            conversation=conv,
+            turn=directive.turn,
+            attempt=directive.attempt,
+            key="late",
+            agent="refiner",
+            model="x",
+            error="boom",
+        )
+        return [*events, failed]
+    if twist == "threshold":  # the campaign's start stored after a conversation completed
+        return [*events[1 : at + 1], events[0], *events[at + 1 :]]
+    if twist == "priced":  # a resumed run that priced its calls, after a conversation ended
+        start = msgspec.structs.replace(events[0], key="resumed", run=1, priced_calls=True)
+        assert isinstance(start, CampaignStarted)
+        return [*events[: at + 1], start, *events[at + 1 :]]
+    if twist == "finish before start":  # a finish the log passes by: it was never started
+        begin = next(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, ConversationStarted) and e.conversation == conv
+        )
+        early = msgspec.structs.replace(done, key="early")
+        return [*events[:begin], early, *events[begin:]]
+    if twist == "rating alone":  # a late rating of an attempt that has no other event
+        rating = Rating(
+            campaign="c", conversation=conv, turn=9, category="blaming", role="enabler", rater="a"
+        )
+        return [*events, rating]
+    raise AssertionError(twist)
+
+
+TWISTS = ["none", "late call", "threshold", "priced", "finish before start", "rating alone"]
+
+
+async def _check_rated(events: list[Message], twist: str, db: Path | None = None) -> None:
+    """The checks of the hypothesis test, on a memory store or (``db``) a SQLite file (whose
+    reads give the bodies undecoded, as the pre-reads ask)."""
+    store: EventStore
+    if db is None:
+        store = await _stored(events)
+    else:
+        store = SqliteEventStore(db)
+        await store.open()
+        await store.register_campaign("c")
+        for event in events:
+            await store.append(event)
+        await store.flush()
+    try:
+        whole = await _whole(store, "c")
+        whole_log = await _whole_log(store, "c")
+        stream = RecordStream(store, "c", ratings=True)
+        groups = [group async for group in stream]
+        plan = await export_module._pipe_plan(store, "c")
+        out, pipe = io.StringIO(), Pipe()
+        assert await export(store, "c", "jsonl", out) == len(whole)
+        assert await export(store, "c", "jsonl", pipe) == len(whole)
+    finally:
+        await store.aclose()
+    assert plan[0] == stream.stale  # the pipe's pre-pass decides as the stream would go
+    assert plan[1] == any(r.ratings or r.panel_failed for r in whole)
+    if twist in ("late call", "threshold"):
+        assert stream.stale
+    elif twist != "finish before start":  # that one is late if a rating came after its end
+        assert not stream.stale
+    assert _spent(stream.log) == _spent(whole_log)  # every event folded once, priced as stored
+    assert _plain(_decoded(out.getvalue())) == _plain(whole)
+    assert _plain(_decoded(pipe.getvalue())) == _plain(whole)
+    if stream.stale:
+        assert _decoded(pipe.getvalue()) == whole  # the whole fold, in its order
+        return
+    streamed = [r for group in groups for r in group]
+    assert _plain(streamed) == _plain(whole)  # every field: ratings, panel figures, times
+    assert out.getvalue() == pipe.getvalue()
+    assert out.getvalue() == "".join(msgspec.json.encode(r).decode() + "\n" for r in streamed)
+    if twist in ("none", "priced"):
+        assert [g[0].conversation for g in groups] == _expected_order(events, whole)
+        assert stream.read_ahead == _late_ratings(events)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    conversations=st.integers(1, 16),
+    late=st.sampled_from([0.0, 0.5, 1.0]),
+    after=st.booleans(),
+    twist=st.sampled_from(TWISTS),
+)
+def test_rated_campaigns_stream_as_the_whole_fold(
+    seed: int, conversations: int, late: float, after: bool, twist: str
+) -> None:
+    """Ratings and failed rating calls stored after their conversation completed (a panel,
+    ``rejudge``), with a hand-made twist: the records streamed, to a file or a pipe, are the
+    whole fold's, given a conversation at a time unless a late event forces the whole fold;
+    the pipe's pre-pass says so exactly as the stream would find it."""
+    events = _twisted(list(_rated(_synthetic(conversations), seed, late=late, after=after)), twist)
+    anyio.run(_check_rated, events, twist)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("twist", TWISTS)
+@pytest.mark.anyio
+async def test_rated_campaigns_in_a_sqlite_file_stream_as_the_whole_fold(
+    anyio_backend: str, twist: str, tmp_path: Path
+) -> None:
+    """The same, from a SQLite file: its read-ahead and the pipe's pre-pass decode only the
+    fields they need of each stored body."""
+    events = _twisted(list(_rated(_synthetic(14), 11)), twist)
+    await _check_rated(events, twist, tmp_path / "rated.db")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_held_rating_is_priced_as_the_run_that_stored_it(anyio_backend: str) -> None:
+    """A rating held for its conversation's finish was stored by a run that priced its calls
+    (a ``CampaignStarted`` after the finish): its unpriced usage is unknown, not unpriced."""
+    events = list(_synthetic(5))
+    done = next(
+        e for e in events if isinstance(e, ConversationFinished) and e.status == "completed"
+    )
+    verdict = next(
+        e for e in events if isinstance(e, Verdict) and e.conversation == done.conversation
+    )
+    start = events[0]
+    assert isinstance(start, CampaignStarted) and not start.priced_calls
+    resumed = msgspec.structs.replace(start, key="resumed", run=1, priced_calls=True)
+    usage = Usage(model="scripted/a", prompt_tokens=11, completion_tokens=2, calls=3)
+    rating = Rating(
+        **{k: getattr(verdict, k) for k in ("campaign", "conversation", "turn", "attempt")},
+        category=verdict.category,
+        role=verdict.role,
+        rater="a",
+        severity=2,
+        usage=usage,
+    )
+    store = await _stored([*events, resumed, rating])
+    try:
+        whole = await _whole_log(store, "c")
+        stream = RecordStream(store, "c", ratings=True)
+        records = [r async for group in stream for r in group]
+    finally:
+        await store.aclose()
+    assert not stream.stale and stream.read_ahead == 1
+    assert stream.log.spent()["panel"].unknown == whole.spent()["panel"].unknown == 3
+    assert _spent(stream.log) == _spent(whole)
+    (rated,) = [r for r in records if r.ratings]
+    assert rated.ratings == {"a": 2} and rated.panel_tokens == 13
+
+
+def flaky_panel(messages: Sequence[ChatMessage], params: CallParams) -> str | BaseException:
+    """The demo judge as a reporting judge that refuses some calls for good (a failed
+    rating call: the panel's, never the attempt's)."""
+    prompt = "\n".join(m.content for m in messages) + f"#{params.seed}#{params.temperature}"
+    if _unit(prompt + "#panel") < 0.25:
+        return PermanentProviderError("400 the panel judge refused", status=400)
+    return demo_judge(messages, params)
+
+
+register_script("stream-flaky-panel", flaky_panel)
+
+PANEL = """
+[judges]
+samples = 2
+
+[judges.panel.flaky]
+provider = "scripted/stream-flaky-panel"
+temperature = 0.5
+"""
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("rated_by", ["panel", "rejudge"])
+@pytest.mark.anyio
+async def test_a_paneled_or_rejudged_campaign_streams_as_the_whole_fold(
+    anyio_backend: str, rated_by: str
+) -> None:
+    text = CONFIG.replace("conversations_per_profile = 3", "conversations_per_profile = 2")
+    text += PANEL if rated_by == "panel" else ""
+    config = parse_config(text, "flow.toml")
+    async with MemoryEventStore() as store:
+        with anyio.fail_after(120):  # a hang guard
+            await run_campaign(config, store, config_text=text)
+            if rated_by == "rejudge":
+                judges = [ModelSettings(provider="scripted/stream-flaky-panel")]
+                await rejudge(store, judges, source="flow.db")
+        events = [e.message async for e in store.events("flow") if e.message is not None]
+        whole = await _whole(store, "flow")
+        lines, pipe = io.StringIO(), Pipe()
+        assert await export(store, "flow", "jsonl", lines) == len(whole)
+        assert await export(store, "flow", "jsonl", pipe) == len(whole)
+        late = _late_ratings(events)
+        ends = {e.conversation for e in events if isinstance(e, ConversationFinished)}
+        panel_failed = [e for e in events if isinstance(e, CallFailed) and e.agent == "panel"]
+        assert late > 0 and panel_failed and any(r.ratings for r in whole)
+        if rated_by == "rejudge":  # every rating after the campaign
+            assert late == sum(isinstance(e, Rating) for e in events) + len(panel_failed)
+        else:  # the last turns' ratings and failed calls came after their conversation's end
+            assert any(e.conversation in ends for e in panel_failed)
+            assert late < sum(isinstance(e, Rating) for e in events)
+        exported = _decoded(lines.getvalue())
+        assert _plain(exported) == _plain(whole)  # every field of every record
+        assert pipe.getvalue() == lines.getvalue()
+        assert _conversations_in_order(exported) == _expected_order(events, whole)
+        runs = [c for c, _ in itertools.groupby(r.conversation for r in whole)]
+        assert len(runs) > len(set(runs))  # the whole fold's order interleaves them
+        stream = RecordStream(store, "flow", ratings=True)
+        streamed = [r async for group in stream for r in group]
+    assert not stream.stale and stream.read_ahead == late  # every late one read ahead
+    assert _plain(streamed) == _plain(whole)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_the_cli_writes_a_late_event_campaign_whole_to_a_pipe(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    """``mhsafeeval export DB | ...`` of a hand-made store with a late event: stdout (a pipe)
+    gets every record, the whole fold's, and the exit code is 0."""
+    db = tmp_path / "late.db"
+    async with SqliteEventStore(db) as store:
+        await store.register_campaign("c")
+        for event in _late(list(_synthetic(12))):
+            await store.append(event)
+    async with SqliteEventStore(db, read_only=True) as store:
+        whole = await _whole(store, "c")
+        table = io.StringIO()
+        await export(store, "c", "csv", table)
+        stream = RecordStream(store, "c")
+        _ = [group async for group in stream]
+        assert stream.stale
+    lines = cli("export", str(db), timeout=120)
+    assert lines.returncode == 0, lines.stderr
+    assert _decoded(lines.stdout) == whole
+    rows = cli("export", str(db), "--format", "csv", timeout=120)
+    assert rows.returncode == 0, rows.stderr
+    expected = list(csv.reader(io.StringIO(table.getvalue(), newline="")))
+    assert list(csv.reader(io.StringIO(rows.stdout))) == expected
+    assert len(expected) == len(whole) + 1

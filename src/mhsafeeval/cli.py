@@ -169,8 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     export.description = (
         "One record per attempt, written as the store is read: grouped by conversation, "
         "conversations in the order they completed (those that never completed last), each "
-        "one's attempts in the order they began. A campaign rated by reporting judges is "
-        "written in the order its attempts began."
+        "one's attempts in the order they began; a campaign rated by reporting judges too. A "
+        "hand-made store with an event stored after its conversation completed is written "
+        "whole, in the order its attempts began (a pipe gets it complete, once)."
     )
     export.add_argument("db", type=Path, help="the campaign database")
     export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")

@@ -16,11 +16,16 @@ the facts and texts of the conversations in flight, and a few names per conversa
 campaign's attempts or transcripts.
 
 A conversation's records are final when it completes unless an event stored after that still
-changes them: a reporting judge's rating (``rejudge``, a panel), or a hand-made store. A
-campaign with ratings (or failed rating calls) is therefore exported from a whole fold, as
-:func:`stream_records` gives it (records in order of each attempt's first event, every
-attempt's compact facts held); any other late event is found at the end of the read, and the
-campaign is written again from the whole fold (see :func:`export`).
+changes them. Reporting judges' ratings (and failed rating calls) are such events in every
+rated campaign: a ``[judges]`` panel rates a conversation's last turn after it ended, and
+``rejudge`` rates a finished campaign. So a rated campaign's stream first reads those events
+ahead, through the store's type index, and holds the late ones (without their texts) until the
+read reaches their conversation's finish: they are folded in just before it, and the records
+given carry them. Any other late event (none in a store the engine wrote: a hand-made store)
+makes the stream :attr:`~RecordStream.stale`, and :func:`export` writes that campaign from the
+whole fold, as :func:`stream_records` gives it (records in order of each attempt's first event,
+every attempt's compact facts held): a file is sought back and written again; a pipe, which
+cannot be, is checked first by a cheap read of the store, so it never gets partial output.
 
 Example:
     >>> import anyio, io
@@ -40,18 +45,32 @@ from __future__ import annotations
 import csv
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, Protocol, TextIO
 
 import msgspec
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import ANSWERED_BY, ArchiveUpdated, CallFailed, Elite, Message, Rating
+from mhsafeeval.messages import (
+    ANSWERED_BY,
+    ArchiveUpdated,
+    CallFailed,
+    CampaignStarted,
+    ConversationFinished,
+    ConversationStarted,
+    Directive,
+    Elite,
+    Message,
+    Rating,
+    TurnCommitted,
+    Usage,
+)
 from mhsafeeval.storage import (
     TEXT_EVENTS,
     AttemptFacts,
     AttemptTexts,
     CampaignLog,
     EventStore,
+    MemoryEventStore,
     Outcome,
     TextFold,
 )
@@ -244,6 +263,168 @@ Numbered = tuple[int, AttemptRecord]
 """A record and its attempt's place among the campaign's, in order of first event
 (:attr:`~mhsafeeval.storage._log.AttemptFacts.serial`)."""
 
+_PANEL = ANSWERED_BY[Rating]  # the agent of a reporting judge's failed call
+
+
+def _tag(kind: type[Message]) -> str:
+    return str(kind.__struct_config__.tag)
+
+
+def _brief_decoder(kind: type[Message], *names: str) -> msgspec.json.Decoder[Any]:
+    """A JSON decoder of a stored ``kind`` that reads only these fields (their types and
+    defaults the message's) and skips the rest of the body undecoded: much cheaper than the
+    whole message when the rest is texts."""
+    fields = {f.name: f for f in msgspec.structs.fields(kind)}
+    spec: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    for name in names:
+        f = fields[name]
+        if f.default is not msgspec.NODEFAULT:
+            spec.append((name, f.type, f.default))
+        elif f.default_factory is not msgspec.NODEFAULT:
+            spec.append((name, f.type, msgspec.field(default_factory=f.default_factory)))
+        else:
+            spec.append((name, f.type))
+    return msgspec.json.Decoder(msgspec.defstruct(f"{kind.__name__}Brief", spec, kw_only=True))
+
+
+class Fold(Protocol):
+    """How a :class:`RecordStream` folds one stored event into its log: as
+    :meth:`CampaignLog.add <mhsafeeval.storage.CampaignLog.add>` does, the log first (e.g. a
+    :class:`~mhsafeeval.storage.CampaignTally`'s ``fold``)."""
+
+    def __call__(
+        self,
+        log: CampaignLog,
+        event: Message,
+        recorded_at: float = ...,
+        seq: int = ...,
+        *,
+        priced: bool | None = ...,
+    ) -> None: ...
+
+
+class _Held(msgspec.Struct, kw_only=True, gc=False):
+    """A reporting judge's event stored after its conversation completed, held (no texts,
+    names shared) until the read reaches that conversation's finish."""
+
+    seq: int
+    recorded_at: float
+    priced: bool  # the priced_calls of the latest CampaignStarted stored before it
+    turn: int
+    attempt: int
+    branch: str
+    usage: Usage | None
+    rater: str | None = None  # None: a failed rating call
+    judge: str = ""  # a failed call's model
+    category: str = ""
+    role: str = ""
+    source: str = ""
+    severity: int | None = None
+    refused: bool = False
+    understood: bool = True
+
+    def event(self, campaign: str, conversation: str) -> Message:
+        """The event as the log folds it (the texts it never reads left out)."""
+        ids: dict[str, Any] = dict(
+            campaign=campaign,
+            conversation=conversation,
+            turn=self.turn,
+            attempt=self.attempt,
+            branch=self.branch,
+        )
+        if self.rater is None:
+            return CallFailed(**ids, agent=_PANEL, model=self.judge, error="", usage=self.usage)
+        return Rating(
+            **ids,
+            category=self.category,
+            role=self.role,
+            rater=self.rater,
+            judge=self.judge,
+            severity=self.severity,
+            refused=self.refused,
+            understood=self.understood,
+            source=self.source,
+            usage=self.usage,
+        )
+
+
+def _held(event: Any, seq: int, at: float, priced: bool, name: Callable[[str], str]) -> _Held:
+    """What is held of a Rating or a failed rating call (``event``: the message, or what
+    :data:`_AHEAD_BRIEFS` decodes of it)."""
+    usage = event.usage
+    if usage is not None:
+        usage = msgspec.structs.replace(usage, model=name(usage.model))
+    ids: dict[str, Any] = dict(seq=seq, recorded_at=at, priced=priced, usage=usage)
+    ids.update(turn=event.turn, attempt=event.attempt, branch=name(event.branch))
+    if not hasattr(event, "rater"):
+        return _Held(**ids, judge=name(event.model))
+    return _Held(
+        **ids,
+        rater=name(event.rater),
+        judge=name(event.judge),
+        category=name(event.category),
+        role=name(event.role),
+        source=name(event.source),
+        severity=event.severity,
+        refused=event.refused,
+        understood=event.understood,
+    )
+
+
+_AT = ("conversation", "turn", "attempt", "branch", "usage")
+_AHEAD_BRIEFS: dict[str, msgspec.json.Decoder[Any]] = {
+    _tag(CampaignStarted): _brief_decoder(CampaignStarted, "priced_calls"),
+    _tag(ConversationFinished): _brief_decoder(ConversationFinished, "conversation", "status"),
+    _tag(CallFailed): _brief_decoder(CallFailed, *_AT, "agent", "model"),
+    _tag(Rating): _brief_decoder(
+        Rating,
+        *_AT,
+        *("category", "role", "rater", "judge", "source", "severity", "refused", "understood"),
+    ),
+}
+
+
+async def _late_ratings(
+    store: EventStore, campaign: str, last_seq: int | None
+) -> dict[str, tuple[int, list[_Held]]]:
+    """The reporting judges' events stored after their conversation's first finish (if it
+    completed), by conversation: that finish's seq and the events, in stored order."""
+    names: dict[str, str] = {}
+
+    def name(text: str) -> str:
+        return names.setdefault(text, text)
+
+    ends: dict[str, int] = {}  # conversation -> seq of its first finish (0: not completed)
+    held: dict[str, tuple[int, list[_Held]]] = {}
+    priced = False
+    raw = not isinstance(store, MemoryEventStore)  # a memory store holds them decoded
+    started, finished, rating = _tag(CampaignStarted), _tag(ConversationFinished), _tag(Rating)
+    events = store.events(campaign, types=list(_AHEAD_BRIEFS), raw=raw)
+    try:
+        async for stored in events:
+            if last_seq is not None and stored.seq > last_seq:
+                break
+            kind = stored.type
+            event: Any = stored.message  # the message, or the fields it needs decoded
+            if event is None:
+                event = _AHEAD_BRIEFS[kind].decode(stored.body)
+            if kind == started:
+                priced = event.priced_calls
+            elif kind == finished:
+                completed = event.status == "completed"
+                ends.setdefault(name(event.conversation), stored.seq if completed else 0)
+            elif kind == rating or event.agent == _PANEL:
+                end = ends.get(event.conversation, 0)
+                if end:
+                    _, late = held.setdefault(name(event.conversation), (end, []))
+                    at = stored.recorded_at
+                    late.append(_held(event, stored.seq, at, priced, name))
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+    return held
+
 
 class RecordStream:
     """One read of a stored campaign that gives each conversation's attempt records as soon as
@@ -260,12 +441,19 @@ class RecordStream:
         on_close: Also called with each conversation that completed, before the records are
             taken and it is forgotten (e.g. a :class:`~mhsafeeval.storage.CampaignTally`'s
             ``close``).
-        fold: Folds each stored event into the log instead of ``log.add`` (same arguments,
-            the log first): a :class:`~mhsafeeval.storage.CampaignTally`'s ``fold``, whose
-            ``close`` is ``on_close``, takes the reporting judges' ratings of conversations
-            already given (they come late: a panel rates after the turn, ``rejudge`` after the
-            campaign), so they are not :attr:`stale`. The records given then lack those
-            ratings: a reader that shows ratings must fold the campaign whole.
+        fold: Folds each stored event into the log instead of ``log.add`` (see :class:`Fold`):
+            a :class:`~mhsafeeval.storage.CampaignTally`'s ``fold``, whose ``close`` is
+            ``on_close``, takes the reporting judges' ratings of conversations already given
+            (they come late: a panel rates after the turn, ``rejudge`` after the campaign), so
+            they are not :attr:`stale`. The records given then lack those ratings, unless
+            ``ratings`` read them ahead.
+        ratings: First read the reporting judges' events (ratings, failed rating calls)
+            stored after their conversation completed (see the module), and fold each into
+            the log, with ``fold`` if given, just before the finish that gives its
+            conversation (priced as the run that stored it priced its calls), so the records
+            given carry them. What is held meanwhile is those events, without their texts,
+            until that finish is read. For a campaign :func:`rated` says is rated.
+        last_seq: Read no event stored after this ``seq`` (None: read to the end).
 
     Example:
         >>> import anyio
@@ -294,14 +482,20 @@ class RecordStream:
         campaign: str,
         *,
         on_close: Callable[[CampaignLog, str], None] | None = None,
-        fold: Callable[[CampaignLog, Message, float, int], None] | None = None,
+        fold: Fold | None = None,
+        ratings: bool = False,
+        last_seq: int | None = None,
     ) -> None:
         self.store, self.campaign = store, campaign
         self._fold = fold
+        self._ratings, self._last_seq = ratings, last_seq
         self.log = CampaignLog(on_close=self._close)
         self.late_elites = 0
         """ArchiveUpdated events of a conversation already given (none in a campaign the engine
         stored): who reads the elites' conversations from the records misses them."""
+        self.read_ahead = 0
+        """Reporting judges' events stored after their conversation completed, read ahead
+        (``ratings``): each is held, without its texts, until the read reaches the finish."""
         self._on_close = on_close
         self._texts = TextFold()
         self._ready: list[list[Numbered]] = []
@@ -328,20 +522,35 @@ class RecordStream:
     async def numbered(self) -> AsyncIterator[list[Numbered]]:
         """The same conversations, each record with its attempt's serial (in order of first
         event across the campaign: how a whole fold orders them)."""
-        log, texts = self.log, self._texts
+        log, texts, last = self.log, self._texts, self._last_seq
+        ahead = await _late_ratings(self.store, self.campaign, last) if self._ratings else {}
+        self.read_ahead = sum(len(late) for _, late in ahead.values())
+        folded: set[int] = set()  # seqs of held events folded ahead of their place
         events = self.store.events(self.campaign)
         try:
             async for stored in events:
+                if last is not None and stored.seq > last:
+                    break
+                if stored.seq in folded:
+                    folded.discard(stored.seq)
+                    continue
                 event = stored.message
                 assert event is not None
                 texts.add(event)
                 if isinstance(event, ArchiveUpdated):
                     facts = log.conversations.get(event.conversation)
                     self.late_elites += facts is not None and facts.status == "completed"
-                if self._fold is None:
-                    log.add(event, stored.recorded_at, stored.seq)
-                else:
-                    self._fold(log, event, stored.recorded_at, stored.seq)
+                elif ahead and isinstance(event, ConversationFinished):
+                    _, late = ahead.pop(event.conversation, (0, []))
+                    facts = log.conversations.get(event.conversation)
+                    closes = facts is not None and facts.status is None
+                    if closes and event.status == "completed":  # its late ratings go first
+                        for h in late:
+                            if h.seq > stored.seq:
+                                e = h.event(event.campaign, event.conversation)
+                                self._add(e, h.recorded_at, h.seq, h.priced)
+                                folded.add(h.seq)
+                self._add(event, stored.recorded_at, stored.seq, None)
                 if self._ready:
                     ready, self._ready = self._ready, []
                     for group in ready:
@@ -356,6 +565,12 @@ class RecordStream:
         for attempts in rest.values():
             yield self._records(attempts)
 
+    def _add(self, event: Message, recorded_at: float, seq: int, priced: bool | None) -> None:
+        if self._fold is None:
+            self.log.add(event, recorded_at, seq, priced=priced)
+        else:
+            self._fold(self.log, event, recorded_at, seq, priced=priced)
+
     async def __aiter__(self) -> AsyncIterator[list[AttemptRecord]]:
         async for group in self.numbered():
             yield [record for _, record in group]
@@ -364,7 +579,8 @@ class RecordStream:
 async def rated(store: EventStore, campaign: str) -> bool:
     """Whether reporting judges rated, or failed to rate, any reply of the campaign (read from
     the store's type index). Their events may be stored after the conversation completed
-    (``rejudge`` adds them to a finished campaign), so such a campaign is folded whole."""
+    (``rejudge`` adds them to a finished campaign), so such a campaign is streamed with
+    ``RecordStream(..., ratings=True)``."""
     kinds = [kind.__struct_config__.tag for kind in (Rating, CallFailed)]
     events = store.events(campaign, types=kinds)  # type: ignore[arg-type]
     try:
@@ -488,6 +704,75 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
+_PIPE_BRIEFS: dict[str, msgspec.json.Decoder[Any]] = {
+    _tag(CampaignStarted): _brief_decoder(CampaignStarted, "threshold"),
+    _tag(ConversationFinished): _brief_decoder(ConversationFinished, "conversation", "status"),
+    _tag(CallFailed): _brief_decoder(CallFailed, "conversation", "agent"),
+}
+_PIPE_BRIEF = _brief_decoder(Message, "conversation")
+_FOLDED_KINDS: list[type[Message]] = [TurnCommitted, Directive, CallFailed, *ANSWERED_BY]
+_FOLDED = frozenset(map(_tag, _FOLDED_KINDS))
+"""The events the log folds into a conversation's attempts and turns (a late one is stale)."""
+_PLANNED = (*_FOLDED, _tag(CampaignStarted), _tag(ConversationStarted), _tag(ConversationFinished))
+_OPEN, _CLOSED, _CLOSED_AT_FIRST_END, _ENDED = range(4)
+
+
+async def _pipe_plan(store: EventStore, campaign: str) -> tuple[bool, bool, int]:
+    """Whether a :class:`RecordStream` of the campaign (``ratings`` when it is rated) would
+    go :attr:`~RecordStream.stale`, whether it is rated (:func:`rated`), and the last seq
+    that decides it (the stream then reads no further).
+
+    One read of the events that decide it, each body decoded only for its conversation (and a
+    finish's status, a failed call's agent, a start's threshold), following the log's rules
+    for when a conversation is given and what comes late. A reporting judge's event stored
+    after the first finish of its conversation, when that finish gave it, is read ahead by the
+    stream, so it is not late; any other event the log folds into a given conversation is,
+    and so is a first ``CampaignStarted`` whose threshold is not 2 stored after a
+    conversation was given."""
+    raw = not isinstance(store, MemoryEventStore)  # a memory store holds them decoded
+    state: dict[str, int] = {}
+    ended_first: set[str] = set()  # finished before they started: the log passed that by
+    threshold: int | None = None
+    given_early = rated = False
+    last = 0
+    started, finished = _tag(ConversationStarted), _tag(ConversationFinished)
+    failed, rating, campaign_started = _tag(CallFailed), _tag(Rating), _tag(CampaignStarted)
+    events = store.events(campaign, types=_PLANNED, raw=raw)
+    try:
+        async for stored in events:
+            last, kind = stored.seq, stored.type
+            brief: Any = stored.message  # the message's own fields, or the same names decoded:
+            if brief is None:
+                brief = _PIPE_BRIEFS.get(kind, _PIPE_BRIEF).decode(stored.body)
+            if kind == campaign_started:
+                threshold = brief.threshold if threshold is None else threshold
+                continue
+            conversation = brief.conversation
+            now = state.get(conversation)
+            if kind == started:
+                if now is None:
+                    state[conversation] = _OPEN
+            elif kind == finished:
+                if now == _OPEN and brief.status == "completed":
+                    first = conversation not in ended_first
+                    state[conversation] = _CLOSED_AT_FIRST_END if first else _CLOSED
+                    given_early = given_early or threshold is None
+                elif now == _OPEN:
+                    state[conversation] = _ENDED
+                elif now is None:
+                    ended_first.add(conversation)
+            else:
+                panel = kind == rating or (kind == failed and brief.agent == _PANEL)
+                rated = rated or panel
+                if now == _CLOSED or (now == _CLOSED_AT_FIRST_END and not panel):
+                    return True, rated, last
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
+    return given_early and threshold not in (None, 2), rated, last
+
+
 async def export(
     store: EventStore,
     campaign: str | None,
@@ -509,15 +794,19 @@ async def export(
     CSV-injection advice). Remove that one ``'`` to get the exact text; numbers are written as
     they are, and JSON lines keep every text exactly.
 
-    Records come grouped by conversation, in order of completion (see the module); a campaign
-    with reporting judges' ratings comes in order of each attempt's first event. If an event
-    stored after a conversation completed still changed its records (see
-    :attr:`RecordStream.stale`), the campaign's lines are written again from the whole fold:
-    ``out`` is sought back to where they began and cut there.
+    Records come grouped by conversation, in order of completion (see the module), a rated
+    campaign's too (its late ratings read ahead). If an event stored after a conversation
+    completed still changed its records (see :attr:`RecordStream.stale`; only a hand-made
+    store has one), the campaign is written from the whole fold, in order of each attempt's
+    first event: to a file, ``out`` is sought back to where its lines began, cut there, and
+    written again; to an output that cannot seek (a pipe), a read of the store that decodes
+    only each event's conversation (and a few fields of a few types) first tells whether the
+    stream would go stale, and if so the whole fold is written from the start. What is read
+    then stops at the last event that read saw, so a pipe gets complete records, once.
 
     Raises:
-        InputError: No such campaign, or an unknown format, or such a late event when ``out``
-            cannot seek back (a pipe; the lines written are then incomplete: export to a file).
+        InputError: No such campaign, or an unknown format, or (a pipe) a late event stored
+            while the campaign was read, which a run never stores.
     """
     if fmt not in ("jsonl", "csv"):
         raise InputError(source, "format", f"unknown export format {fmt!r} (use jsonl or csv)")
@@ -533,33 +822,40 @@ async def export(
         else:
             writer.writerow(_csv_value(v) for v in msgspec.structs.astuple(rec))
 
+    async def whole(name: str) -> int:
+        written = 0
+        async for rec in stream_records(store, name):
+            write(rec)
+            written += 1
+        return written
+
     count = 0
     for name in names:
-        if await rated(store, name):  # ratings may come late: the whole fold, as it streams
-            async for rec in stream_records(store, name):
-                write(rec)
-                count += 1
-            continue
         start = out.tell() if out.seekable() else None
-        stream, written = RecordStream(store, name), 0
+        last: int | None = None  # a pipe's stream reads what its pre-pass read, no more
+        if start is not None:
+            ratings = await rated(store, name)
+        else:  # what is written cannot be taken back: decide first
+            stale, ratings, last = await _pipe_plan(store, name)
+            if stale:
+                count += await whole(name)
+                continue
+        stream, written = RecordStream(store, name, ratings=ratings, last_seq=last), 0
         async for group in stream:  # each conversation written as it completes
             for rec in group:
                 write(rec)
             written += len(group)
         if stream.stale:
-            if start is None:
+            if start is None:  # the store changed between the reads (runs do not do that)
                 raise InputError(
                     source,
                     "campaign",
-                    f"campaign {name!r} has events of a conversation stored after it completed, "
-                    "so the records written as conversations completed are not all final, and "
-                    "this output cannot be rewritten: export to a file (--out) instead",
+                    f"campaign {name!r} changed while it was read: events of a conversation "
+                    "were stored after it completed, so the records written are not all "
+                    "final, and this output cannot be rewritten: export to a file (--out)",
                 )
             out.seek(start)
             out.truncate()
-            written = 0
-            async for rec in stream_records(store, name):
-                write(rec)
-                written += 1
+            written = await whole(name)
         count += written
     return count

@@ -44,6 +44,8 @@ __all__ = [
 log = structlog.get_logger("mhsafeeval.agents")
 
 _PERSON = b"mhsafeeval.call"  # domain separation from the search RNG streams
+# json.dumps(parts, ensure_ascii=True, separators=(",", ":")), without an encoder made per call
+_SEED_JSON = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
 _NO_CONTEXT = "(Nothing has been said yet: this is the start of the session.)"
 
 
@@ -96,7 +98,7 @@ def call_seed(msg: Message, purpose: str = "") -> int:
         True
     """
     parts = [msg.campaign, msg.conversation, msg.turn, msg.attempt, msg.branch, purpose]
-    payload = json.dumps(parts, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    payload = _SEED_JSON.encode(parts).encode("ascii")
     digest = hashlib.blake2b(payload, digest_size=8, person=_PERSON).digest()
     return int.from_bytes(digest, "big") >> 33
 

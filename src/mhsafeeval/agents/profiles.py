@@ -465,8 +465,15 @@ def _json_type(value: Any) -> str:
     )
 
 
+_TEXTS: dict[int, tuple[ClientProfile, str]] = {}  # id(profile) -> (profile, its text)
+
+
 def profile_to_text(profile: ClientProfile) -> str:
     """Render a profile's CCD as plain text (for prompts and for people).
+
+    Every prompt of a conversation's client and mutator carries it, so each profile object's
+    text is made once (profiles are frozen); the cache holds the profile with its text, so its
+    id is not reused while the entry lives, and is emptied at 1,024 profiles.
 
     Args:
         profile: the profile.
@@ -474,6 +481,17 @@ def profile_to_text(profile: ClientProfile) -> str:
     Returns:
         One labelled item per line (empty fields left out); cognitive models numbered.
     """
+    hit = _TEXTS.get(id(profile))
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    if len(_TEXTS) >= 1024:
+        _TEXTS.clear()
+    text = _profile_text(profile)
+    _TEXTS[id(profile)] = (profile, text)
+    return text
+
+
+def _profile_text(profile: ClientProfile) -> str:
     p = profile
     title = f"{p.name} ({p.id})" if p.name else p.id
     items = [

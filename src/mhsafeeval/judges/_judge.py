@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -40,6 +41,14 @@ log = structlog.get_logger("mhsafeeval.judges")
 
 RAW_LIMIT = 2000
 """Characters of an unusable answer kept in :class:`~mhsafeeval.messages.Unjudged`."""
+
+
+@functools.cache
+def _schema(string_limits: bool, threshold: int) -> dict[str, Any]:
+    """The verdict schema, one object per variant: shared by every judge instance (one per
+    conversation), so providers can prepare it once (``openai/`` derives its strict form once
+    per schema object). Never changed after it is made."""
+    return verdict_schema(string_limits=string_limits, threshold=threshold)
 
 
 class RubricJudge(Agent):
@@ -134,7 +143,7 @@ class RubricJudge(Agent):
         self.context_turns = context_turns
         self.max_asks = max_asks
         self.name = name
-        self.schema = verdict_schema(string_limits=string_limits, threshold=threshold)
+        self.schema = _schema(string_limits, threshold)
         self.params = _sampling(model)
         self.transcript = Transcript()
         self._utterances: dict[tuple[int, int, str], ClientUtterance] = {}

@@ -59,9 +59,22 @@ def _bind(msg: Message) -> None:
 
 
 class _Mailbox:
-    """One queue, one task. ``agent`` is set for agents, ``callback`` for observers."""
+    """One queue, drained by one task (by up to ``width`` tasks for an agent with concurrent
+    handlers). ``agent`` is set for agents, ``callback`` for observers."""
 
-    __slots__ = ("agent", "callback", "closed", "critical", "detached", "name", "queue", "wake")
+    __slots__ = (
+        "agent",
+        "busy",
+        "callback",
+        "closed",
+        "critical",
+        "detached",
+        "drainers",
+        "name",
+        "queue",
+        "wake",
+        "width",
+    )
 
     def __init__(
         self, name: str, agent: Agent | None, callback: Observer | None, critical: bool
@@ -71,8 +84,11 @@ class _Mailbox:
         self.callback = callback
         self.critical = critical
         self.queue: deque[Message | _Redo] = deque()
-        self.wake: anyio.Event | None = None
+        self.wake: anyio.Event | None = None  # set by whoever queues; every idle drainer waits
         self.closed = False
+        self.width = agent.max_concurrent_handlers if agent is not None else 1
+        self.drainers = 0  # tasks draining the queue (at most width)
+        self.busy = 0  # of them, those handling a message
         self.detached = False  # a non-critical observer that raised: sees nothing more
 
 
@@ -179,7 +195,6 @@ class Runtime:
         await self._tg.__aenter__()
         # The backend's Event class, looked up once: anyio.Event() dispatches on every call.
         self._event_cls = type(anyio.Event())
-        self._fifo_tasks = self._event_cls.__module__.endswith("._asyncio")
         return self
 
     async def __aexit__(
@@ -287,7 +302,15 @@ class Runtime:
     def _start(self, mbox: _Mailbox) -> None:
         if self._tg is None:
             raise RuntimeError("the runtime is not running: use `async with Runtime() as rt`")
+        mbox.drainers = 1
         self._tg.start_soon(self._drain, mbox, name=f"mailbox:{mbox.name}")
+
+    def _add_drainer(self, mbox: _Mailbox) -> None:
+        """One more task for a mailbox whose drainers are all busy (an agent with concurrent
+        handlers): messages wait for a free one instead of each getting a task of its own."""
+        assert self._tg is not None
+        mbox.drainers += 1
+        self._tg.start_soon(self._drain_more, mbox, name=f"mailbox:{mbox.name}")
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -323,6 +346,8 @@ class Runtime:
             mbox.queue.append(msg)
             if mbox.wake is not None:
                 mbox.wake.set()
+            elif mbox.busy >= mbox.drainers < mbox.width and not mbox.closed:
+                self._add_drainer(mbox)
 
     def _route(self, msg: Message) -> list[_Subscription]:
         routes = self._routes.get(type(msg))
@@ -351,6 +376,8 @@ class Runtime:
         mbox.queue.append(entry)
         if mbox.wake is not None:
             mbox.wake.set()
+        elif mbox.busy >= mbox.drainers < mbox.width and not mbox.closed:
+            self._add_drainer(mbox)
 
     # -- resuming from stored messages ---------------------------------------------------------
 
@@ -497,7 +524,7 @@ class Runtime:
     async def _drain(self, mbox: _Mailbox) -> None:
         bind_contextvars(agent=mbox.name)
         agent = mbox.agent
-        if agent is not None:
+        if agent is not None and type(agent).on_start is not Agent.on_start:
             try:
                 await agent.on_start()
             except Exception as exc:
@@ -509,32 +536,38 @@ class Runtime:
                     self._handler_failed(mbox, "on_start", first, exc)
                 else:
                     log.error("runtime.on_start_failed", agent=mbox.name, error=repr(exc))
-                mbox.agent = agent = _Unbuilt()
-        width = agent.max_concurrent_handlers if agent is not None else 1
+                mbox.agent = _Unbuilt()
         try:
-            if width > 1:
-                async with anyio.create_task_group() as tg:
-                    # fast_acquire: a free slot does not yield to the event loop first (it
-                    # would once per message, each yield adding to a model call's latency).
-                    # Only where new tasks start in the order they were spawned (asyncio):
-                    # trio shuffles them, so there the yield keeps handlers in mailbox order.
-                    slots = anyio.Semaphore(width, fast_acquire=self._fifo_tasks)
-                    await self._drain_concurrently(mbox, tg, slots)
-            else:
-                await self._drain_in_order(mbox)
+            await self._drain_in_order(mbox)
         finally:
-            if agent is not None:
-                with anyio.CancelScope(shield=True):
-                    await agent.on_stop()
+            await self._drainer_done(mbox)
+
+    async def _drain_more(self, mbox: _Mailbox) -> None:
+        bind_contextvars(agent=mbox.name)  # the task was started from another agent's
+        try:
+            await self._drain_in_order(mbox)
+        finally:
+            await self._drainer_done(mbox)
+
+    async def _drainer_done(self, mbox: _Mailbox) -> None:
+        mbox.drainers -= 1
+        agent = mbox.agent
+        if mbox.drainers or agent is None or type(agent).on_stop is Agent.on_stop:
+            return  # the last one out stops the agent (unless it has nothing to do then)
+        with anyio.CancelScope(shield=True):
+            await agent.on_stop()
 
     async def _next(self, mbox: _Mailbox) -> Message | _Redo | None:
         """The mailbox's next message, waiting for one; None once it is closed and empty."""
         while not mbox.queue:
             if mbox.closed:
                 return None
-            mbox.wake = wake = self._event_cls()
+            wake = mbox.wake
+            if wake is None:  # the first idle drainer makes it; the others wait on it too
+                mbox.wake = wake = self._event_cls()
             await wake.wait()
-            mbox.wake = None
+            if mbox.wake is wake:
+                mbox.wake = None
         return mbox.queue.popleft()
 
     def _done_one(self) -> None:
@@ -543,6 +576,15 @@ class Runtime:
             self._idle.set()
 
     async def _drain_in_order(self, mbox: _Mailbox) -> None:
+        """Take the mailbox's messages one at a time and run their handlers in this task.
+
+        An agent with ``max_concurrent_handlers = n > 1`` gets up to n such tasks: one more
+        whenever a message is queued while all of them are busy. Each takes the next message
+        when it is free, so handlers start in mailbox order, and a message whose handlers are
+        all synchronous is handled before any later one starts (nothing yields in between),
+        on every backend. A task per mailbox, not per message: spawning a task costs more than
+        a small handler does.
+        """
         queue = mbox.queue
         streak = 0
         bound: tuple[str, str, int, int] | None = None
@@ -557,6 +599,9 @@ class Runtime:
                 if next_entry is None:
                     return
                 entry = next_entry
+            mbox.busy += 1
+            if queue and mbox.busy >= mbox.drainers < mbox.width:
+                self._add_drainer(mbox)  # the next message would wait for this one
             try:
                 msg = cast(Message, entry.msg if type(entry) is _Redo else entry)
                 # Re-bind the log context only when it changes (it costs microseconds).
@@ -566,42 +611,12 @@ class Runtime:
                     _bind(msg)
                 await self._deliver(mbox, msg, redo=msg is not entry)
             finally:
+                mbox.busy -= 1
                 self._done_one()
             streak += 1
             if streak >= _FAIRNESS:
                 streak = 0
                 await anyio.lowlevel.checkpoint()
-
-    async def _drain_concurrently(
-        self, mbox: _Mailbox, tg: TaskGroup, slots: anyio.Semaphore
-    ) -> None:
-        # Handlers start in mailbox order, up to `slots` at a time (the agent opted in). A message
-        # whose handlers are all synchronous runs inline, so state it folds in (a committed turn,
-        # say) is there before any later message's handler starts, on every backend.
-        agent = mbox.agent
-        assert agent is not None
-        while (entry := await self._next(mbox)) is not None:
-            redo = type(entry) is _Redo
-            msg = entry.msg if isinstance(entry, _Redo) else entry
-            if not any(is_async for _, is_async in agent.dispatch(type(msg))):
-                try:
-                    _bind(msg)
-                    await self._deliver(mbox, msg)
-                finally:
-                    self._done_one()
-                continue
-            await slots.acquire()
-            tg.start_soon(self._deliver_in_slot, mbox, msg, slots, redo)
-
-    async def _deliver_in_slot(
-        self, mbox: _Mailbox, msg: Message, slots: anyio.Semaphore, redo: bool
-    ) -> None:
-        try:
-            _bind(msg)
-            await self._deliver(mbox, msg, redo=redo)
-        finally:
-            slots.release()
-            self._done_one()
 
     async def _deliver(self, mbox: _Mailbox, msg: Message, *, redo: bool = False) -> None:
         agent = mbox.agent

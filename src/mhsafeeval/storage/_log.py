@@ -514,8 +514,15 @@ class CampaignLog:
 
     # -- folding -------------------------------------------------------------------------------
 
-    def add(self, event: Message, recorded_at: float = 0.0, seq: int = 0) -> None:
-        """Fold one event in (in stored order; ``seq``: its place in the store, if known)."""
+    def add(
+        self, event: Message, recorded_at: float = 0.0, seq: int = 0, *, priced: bool | None = None
+    ) -> None:
+        """Fold one event in (in stored order; ``seq``: its place in the store, if known).
+
+        ``priced``: whether the run that stored the event priced its calls (see
+        :attr:`~mhsafeeval.messages.CampaignStarted.priced_calls`); None: the latest
+        ``CampaignStarted`` folded says. A reader that folds an event ahead of its place in
+        the store passes the one in force where it was stored."""
         self.events += 1
         self.last_seq = max(self.last_seq, seq)
         if self.text is not None:
@@ -586,7 +593,7 @@ class CampaignLog:
             if role == "counselor":
                 a.counselor_calls += usage.calls if usage is not None else lost
             self.usage[model or ""][role].add(  # "": never started
-                usage, lost_call=lost, priced=self._priced
+                usage, lost_call=lost, priced=self._priced if priced is None else priced
             )
         self._apply(a, event, model)
 

@@ -642,7 +642,13 @@ class CampaignTally:
         )
 
     def fold(
-        self, log: CampaignLog, event: Message, recorded_at: float = 0.0, seq: int = 0
+        self,
+        log: CampaignLog,
+        event: Message,
+        recorded_at: float = 0.0,
+        seq: int = 0,
+        *,
+        priced: bool | None = None,
     ) -> None:
         """Fold one stored event into ``log``, a log whose ``on_close`` hands each completed
         conversation to this tally's :meth:`close` (directly or through a reader's own
@@ -650,7 +656,7 @@ class CampaignTally:
         ``Rating``, a reporting judge's failed call) about a reply of a conversation already
         tallied goes to that reply's row here, and the log keeps nothing of it but its
         totals (it is not ``late``). One about a reply the tally does not hold stays late."""
-        log.add(event, recorded_at, seq)
+        log.add(event, recorded_at, seq, priced=priced)
         panel = isinstance(event, Rating) or (
             isinstance(event, CallFailed) and event.agent == PANEL_AGENT
         )

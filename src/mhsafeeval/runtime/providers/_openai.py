@@ -241,6 +241,7 @@ class _Endpoint:
         self._api_key = api_key
         self._headers = headers
         self._users: dict[int, tuple[str, int]] = {}
+        self._width: int | None = None
         self._client: _Client | None = None
         self._size = 0
         self._in_flight: dict[int, int] = {}  # id(client) -> requests in flight
@@ -249,11 +250,14 @@ class _Endpoint:
 
     @property
     def width(self) -> int:
-        """The connections the open models may use at once."""
-        widest: dict[str, int] = {}
-        for connection, size in self._users.values():
-            widest[connection] = max(size, widest.get(connection, 0))
-        return max(1, sum(widest.values()))
+        """The connections the open models may use at once (worked out when a model joins or
+        leaves, not per request)."""
+        if self._width is None:
+            widest: dict[str, int] = {}
+            for connection, size in self._users.values():
+                widest[connection] = max(size, widest.get(connection, 0))
+            self._width = max(1, sum(widest.values()))
+        return self._width
 
     @property
     def pool_size(self) -> int:
@@ -267,10 +271,12 @@ class _Endpoint:
 
     def join(self, user: object, connection: str, size: int) -> None:
         self._users[id(user)] = (connection, size)
+        self._width = None
 
     def leave(self, user: object) -> bool:
         """Forget ``user``; True when no model is left."""
         self._users.pop(id(user), None)
+        self._width = None
         return not self._users
 
     @contextlib.asynccontextmanager

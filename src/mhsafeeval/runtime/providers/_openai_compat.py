@@ -117,6 +117,23 @@ def strict_subset(schema: Any) -> Any:
     return out
 
 
+_STRICT: dict[int, tuple[Any, Any]] = {}  # id(schema) -> (schema, its strict subset)
+
+
+def _strict_schema(schema: Any) -> Any:
+    """:func:`strict_subset` of ``schema``, computed once per schema object (an agent sends
+    the same one with every call). The schema is held with its entry, so its id is not
+    reused while the entry lives; the table is emptied when it reaches 256 schemas."""
+    hit = _STRICT.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    if len(_STRICT) >= 256:
+        _STRICT.clear()
+    subset = strict_subset(schema)
+    _STRICT[id(schema)] = (schema, subset)
+    return subset
+
+
 def _with_schema(messages: list[dict[str, Any]], schema: Any) -> list[dict[str, Any]]:
     """``messages`` with the JSON schema of the answer stated in the system prompt."""
     rule = (
@@ -159,7 +176,7 @@ def chat_fields(
             "type": "json_schema",
             "json_schema": {
                 "name": params.schema_name,
-                "schema": strict_subset(params.json_schema),
+                "schema": _strict_schema(params.json_schema),
                 "strict": True,
             },
         }
