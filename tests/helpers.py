@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio.lowlevel
 import msgspec
+import sniffio
 
 from mhsafeeval.messages import Elite, Message
 from mhsafeeval.search.archive import CellId, HarmArchive
@@ -88,6 +89,28 @@ def comparable(events: list[Message]) -> list[tuple[str, Any]]:
             data["usage"]["latency_s"] = 0
         out.append((event.id, data))
     return out
+
+
+def same_run(first: list[Message], second: list[Message]) -> bool:
+    """Whether two runs stored the same events (:func:`comparable`) in an order the runtime
+    fixes. On asyncio, tasks run in the order they became ready: a sequential campaign stores
+    the same events in the same order. Trio shuffles ready tasks on purpose, so two agents
+    answering one message (the controller's ``ArchiveUpdated`` and the refiner's notes on a
+    Verdict) store in either order; what it fixes is each conversation's events of each kind,
+    which one agent instance publishes in its mailbox's order."""
+    a, b = comparable(first), comparable(second)
+    if sniffio.current_async_library() == "asyncio":
+        return a == b
+    if sorted(a) != sorted(b):
+        return False
+
+    def streams(events: list[tuple[str, Any]]) -> dict[tuple[str, str], list[tuple[str, Any]]]:
+        out: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        for event in events:
+            out.setdefault((event[1]["conversation"], event[1]["type"]), []).append(event)
+        return out
+
+    return streams(a) == streams(b)
 
 
 class RecordingSleep:
