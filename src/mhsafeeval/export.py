@@ -73,6 +73,7 @@ from mhsafeeval.storage import (
     MemoryEventStore,
     Outcome,
     TextFold,
+    closing,
 )
 
 __all__ = [
@@ -399,8 +400,7 @@ async def _late_ratings(
     priced = False
     raw = not isinstance(store, MemoryEventStore)  # a memory store holds them decoded
     started, finished, rating = _tag(CampaignStarted), _tag(ConversationFinished), _tag(Rating)
-    events = store.events(campaign, types=list(_AHEAD_BRIEFS), raw=raw)
-    try:
+    async with closing(store.events(campaign, types=list(_AHEAD_BRIEFS), raw=raw)) as events:
         async for stored in events:
             if last_seq is not None and stored.seq > last_seq:
                 break
@@ -419,10 +419,6 @@ async def _late_ratings(
                     _, late = held.setdefault(name(event.conversation), (end, []))
                     at = stored.recorded_at
                     late.append(_held(event, stored.seq, at, priced, name))
-    finally:
-        close = getattr(events, "aclose", None)
-        if close is not None:
-            await close()
     return held
 
 
@@ -526,8 +522,7 @@ class RecordStream:
         ahead = await _late_ratings(self.store, self.campaign, last) if self._ratings else {}
         self.read_ahead = sum(len(late) for _, late in ahead.values())
         folded: set[int] = set()  # seqs of held events folded ahead of their place
-        events = self.store.events(self.campaign)
-        try:
+        async with closing(self.store.events(self.campaign)) as events:
             async for stored in events:
                 if last is not None and stored.seq > last:
                     break
@@ -555,10 +550,6 @@ class RecordStream:
                     ready, self._ready = self._ready, []
                     for group in ready:
                         yield group
-        finally:  # a reader left early (or a consumer that stopped) closes the store's cursor
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()
         rest: dict[str, list[AttemptFacts]] = {}  # in order of each one's first attempt
         for a in log.attempts.values():
             rest.setdefault(a.conversation, []).append(a)
@@ -581,20 +572,15 @@ async def rated(store: EventStore, campaign: str) -> bool:
     the store's type index). Their events may be stored after the conversation completed
     (``rejudge`` adds them to a finished campaign), so such a campaign is streamed with
     ``RecordStream(..., ratings=True)``."""
-    kinds = [kind.__struct_config__.tag for kind in (Rating, CallFailed)]
-    events = store.events(campaign, types=kinds)  # type: ignore[arg-type]
-    try:
+    kinds = [_tag(Rating), _tag(CallFailed)]
+    async with closing(store.events(campaign, types=kinds)) as events:
         async for stored in events:
             event = stored.message
             if isinstance(event, Rating) or (
-                isinstance(event, CallFailed) and event.agent == ANSWERED_BY[Rating]
+                isinstance(event, CallFailed) and event.agent == _PANEL
             ):
                 return True
         return False
-    finally:
-        close = getattr(events, "aclose", None)
-        if close is not None:
-            await close()
 
 
 async def stream_records(
@@ -616,8 +602,7 @@ async def stream_records(
     head = next(pending, None)
     fold = TextFold()
     if log.last_seq:  # texts are read only up to what the facts were folded from
-        events = store.events(campaign, types=TEXT_EVENTS)
-        try:
+        async with closing(store.events(campaign, types=TEXT_EVENTS)) as events:
             async for stored in events:
                 if stored.seq > log.last_seq:
                     break
@@ -626,10 +611,6 @@ async def stream_records(
                 while head is not None and head.text_seq <= stored.seq:
                     yield record_of(log, head, fold.pop(head.key), campaign)
                     head = next(pending, None)
-        finally:  # a reader left early (or a consumer that stopped) closes the store's cursor
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()
     while head is not None:
         yield record_of(log, head, fold.pop(head.key), campaign)
         head = next(pending, None)
@@ -737,8 +718,7 @@ async def _pipe_plan(store: EventStore, campaign: str) -> tuple[bool, bool, int]
     last = 0
     started, finished = _tag(ConversationStarted), _tag(ConversationFinished)
     failed, rating, campaign_started = _tag(CallFailed), _tag(Rating), _tag(CampaignStarted)
-    events = store.events(campaign, types=_PLANNED, raw=raw)
-    try:
+    async with closing(store.events(campaign, types=_PLANNED, raw=raw)) as events:
         async for stored in events:
             last, kind = stored.seq, stored.type
             brief: Any = stored.message  # the message's own fields, or the same names decoded:
@@ -766,10 +746,6 @@ async def _pipe_plan(store: EventStore, campaign: str) -> tuple[bool, bool, int]
                 rated = rated or panel
                 if now == _CLOSED or (now == _CLOSED_AT_FIRST_END and not panel):
                     return True, rated, last
-    finally:
-        close = getattr(events, "aclose", None)
-        if close is not None:
-            await close()
     return given_early and threshold not in (None, 2), rated, last
 
 

@@ -19,7 +19,7 @@ import structlog
 
 from mhsafeeval.messages import CallFailed, CampaignFinished, ConversationFinished
 from mhsafeeval.runtime import HandlerFailed, Message
-from mhsafeeval.storage import EventStore
+from mhsafeeval.storage import EventStore, closing
 
 __all__ = ["Fingerprints", "Stored", "load_stored", "stored_messages", "to_retry"]
 
@@ -137,17 +137,12 @@ async def stored_messages(
 ) -> AsyncIterator[tuple[int, str, Message]]:
     """Stream ``campaign``'s stored messages in stored order as (seq, id, message), those at
     store positions up to ``upto`` (None: all)."""
-    events = store.events(campaign)
-    try:
+    async with closing(store.events(campaign)) as events:
         async for event in events:
             if upto is not None and event.seq > upto:
                 return
             if event.message is not None:
                 yield event.seq, event.id, event.message
-    finally:
-        close = getattr(events, "aclose", None)  # a store's reader left mid-page: close it
-        if close is not None:
-            await close()
 
 
 async def load_stored(

@@ -19,7 +19,7 @@ from ._metrics import (
     compute_metrics,
     metrics_of,
 )
-from ._protocol import EventStore
+from ._protocol import EventStore, closing
 
 if _TYPE_CHECKING:
     from ._sqlite import SqliteEventStore
@@ -38,6 +38,7 @@ __all__ = [
     "RoleUsage",
     "SqliteEventStore",
     "TextFold",
+    "closing",
     "compare_models",
     "compute_metrics",
     "metrics_of",

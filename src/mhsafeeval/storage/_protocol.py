@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Collection
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
@@ -19,6 +20,7 @@ __all__ = [
     "StoreStats",
     "StoredEvent",
     "WriteCounts",
+    "closing",
 ]
 
 SCHEMA_VERSION = 1
@@ -264,3 +266,29 @@ class EventStore(Protocol):
     async def count(self, campaign: str) -> int:
         """Number of committed events of a campaign."""
         ...
+
+
+@contextlib.asynccontextmanager
+async def closing(events: AsyncIterator[StoredEvent]) -> AsyncIterator[AsyncIterator[StoredEvent]]:
+    """A read of :meth:`EventStore.events`, closed when the block ends, also when it is left
+    early: a reader left mid-page still holds the store's cursor until its generator closes.
+
+    Example:
+        >>> import anyio
+        >>> from mhsafeeval.messages import ConversationFinished
+        >>> from mhsafeeval.storage import MemoryEventStore
+        >>> async def first(store: MemoryEventStore) -> str:
+        ...     await store.append(ConversationFinished(campaign="c", turns=1))
+        ...     async with closing(store.events("c")) as events:
+        ...         async for stored in events:
+        ...             return stored.type
+        ...     return ""
+        >>> anyio.run(first, MemoryEventStore())
+        'conversation.finished'
+    """
+    try:
+        yield events
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
