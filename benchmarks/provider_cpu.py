@@ -5,8 +5,9 @@ answers every request after ``--latency`` seconds. This process makes ``--calls`
 ``--concurrency`` in flight and prints the CPU time (``time.process_time()``: every thread of
 this process) per call of:
 
-* ``openai/`` with ``transport = "auto"`` (aiohttp directly on asyncio), the provider alone
-  (``OpenAIModel.complete``) and through ``open_model`` (limits, retries, deadlines);
+* ``openai/`` with ``transport = "auto"`` (the lean HTTP/1.1 client on asyncio), the provider
+  alone (``OpenAIModel.complete``) and through ``open_model`` (limits, retries, deadlines);
+* ``openai/`` with ``transport = "aiohttp"`` (aiohttp directly), the same two ways;
 * ``openai/`` with ``transport = "sdk"`` (the SDK's ``post``), the same two ways;
 * the floor: the same request and decoding on a bare ``aiohttp.ClientSession``.
 
@@ -94,11 +95,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     variants: dict[str, Callable[[str], Coroutine[Any, Any, float]]] = {
-        "openai/ auto (aiohttp), provider alone": lambda u: provider(
+        "openai/ auto (lean HTTP/1.1), provider alone": lambda u: provider(
             u, "auto", False, args.calls, args.concurrency
         ),
-        "openai/ auto (aiohttp), through open_model": lambda u: provider(
+        "openai/ auto (lean HTTP/1.1), through open_model": lambda u: provider(
             u, "auto", True, args.calls, args.concurrency
+        ),
+        "openai/ aiohttp, provider alone": lambda u: provider(
+            u, "aiohttp", False, args.calls, args.concurrency
+        ),
+        "openai/ aiohttp, through open_model": lambda u: provider(
+            u, "aiohttp", True, args.calls, args.concurrency
         ),
         "openai/ sdk, provider alone": lambda u: provider(
             u, "sdk", False, args.calls, args.concurrency
@@ -123,7 +130,7 @@ def main() -> None:
     )
     for name, values in seen.items():
         shown = ", ".join(f"{v:.2f}" for v in values)
-        print(f"  {name:45s} {statistics.median(values):.2f} ms  ({shown})")
+        print(f"  {name:50s} {statistics.median(values):.2f} ms  ({shown})")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """Campaign throughput through an OpenAI-compatible mock server with a fixed latency.
 
 A mock server (aiohttp, in a process of its own so that its CPU is not counted) answers every
-chat request after ``--latency`` seconds with the demo personas' replies (the model name picks
-the persona: ``demo-client``, ``demo-judge``, ...). A scripted campaign with every role on it
-runs through ``mhsafeeval run`` in a fresh process, once per provider (``openai/``: the official
-SDK; ``litellm/``) and per concurrency C, with at least ``--per-slot`` conversations per slot so
-that the tail does not dominate. For each run it prints:
+chat request ``--latency`` seconds after its handler started, with the demo personas' replies
+(the model name picks the persona: ``demo-client``, ``demo-judge``, ...): the reply is worked
+out within that time, not after it, as a server with a fixed latency would. A scripted
+campaign with every role on it runs through ``mhsafeeval run`` in a fresh process, once per
+provider (``openai``: ``openai/`` with its default transport, the lean HTTP/1.1 client;
+``openai:aiohttp`` and ``openai:sdk``: its other transports; ``litellm``: ``litellm/``) and
+per concurrency C, with at least ``--per-slot`` conversations per slot so that the tail does
+not dominate. For each run it prints:
 
 * calls and calls/s, and that rate over C / latency: what C sequential clients (the paper's code
   runs one conversation at a time, so at best 1 / latency calls/s) would reach (target >= 0.9);
@@ -20,8 +23,8 @@ that the tail does not dominate. For each run it prints:
 ``--profile`` runs each campaign under cProfile as well and prints where its CPU goes, grouped
 by package.
 
-    python benchmarks/throughput.py [--providers openai,litellm] [--concurrency 64,256]
-        [--per-slot 16] [--latency 0.2] [--max-turns 1] [--profile]
+    python benchmarks/throughput.py [--providers openai,openai:aiohttp,litellm]
+        [--concurrency 64,256] [--per-slot 16] [--latency 0.2] [--max-turns 1] [--profile]
 """
 
 from __future__ import annotations
@@ -79,16 +82,17 @@ def serve(port_file: Path, latency: float) -> None:
         state["max"] = max(state["max"], state["in_flight"])
 
     async def chat(request: web.Request) -> web.Response:
+        arrived = time.monotonic()
         body = await request.json()
         tick(+1)
         state["requests"] += 1
         try:
-            await asyncio.sleep(latency)
             persona = personas[body["model"].rpartition("/")[2]]
             messages = [ChatMessage(m["role"], m["content"]) for m in body["messages"]]
             fmt = body.get("response_format") or {}
             schema = (fmt.get("json_schema") or {}).get("schema")
             text = (await persona.complete(messages, CallParams(json_schema=schema))).text
+            await asyncio.sleep(max(0.0, latency - (time.monotonic() - arrived)))
         finally:
             tick(-1)
         words = sum(len(m.content.split()) for m in messages)
@@ -122,7 +126,7 @@ def serve(port_file: Path, latency: float) -> None:
     async def reset(request: web.Request) -> web.Response:
         tick(0)
         state.update(requests=0, max=0, area=0.0)
-        return web.json_response({})
+        return web.json_response({"cpu": time.process_time()})
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
@@ -196,12 +200,14 @@ conversations_per_profile = {per_profile}
 profile_ids = {json.dumps(profiles)}
 """
     tables = []
+    kind, _, transport = provider.partition(":")  # openai, openai:aiohttp, openai:sdk, litellm
     for table, persona in ROLES.items():
-        address = f"openai/{persona}" if provider == "openai" else f"litellm/openai/{persona}"
+        address = f"openai/{persona}" if kind == "openai" else f"litellm/openai/{persona}"
         tables.append(
             f'\n[{table}]\nprovider = "{address}"\napi_base = "{url}/v1"\n'
             f"max_concurrency = {concurrency}\ntimeout = 120\n"
-            + ('api_key_env = "BENCH_KEY"\n' if provider == "litellm" else "")
+            + ('api_key_env = "BENCH_KEY"\n' if kind == "litellm" else "")
+            + (f'options.transport = "{transport}"\n' if transport else "")
         )
     return head + "".join(tables)
 
@@ -216,7 +222,8 @@ def run_campaign(
     max_turns: int,
     profile: bool,
 ) -> dict[str, Any]:
-    tag = f"{provider}-c{concurrency}-n{conversations}" + ("-profiled" if profile else "")
+    tag = f"{provider.replace(':', '-')}-c{concurrency}-n{conversations}"
+    tag += "-profiled" if profile else ""
     config = folder / f"{tag}.toml"
     config.write_text(
         config_text(
@@ -234,7 +241,7 @@ def run_campaign(
     if profile:
         command += ["-m", "cProfile", "-o", str(prof)]
     command += ["-m", "mhsafeeval", "run", str(config), "--db", str(db), "--quiet"]
-    server.call("POST", "/reset")
+    server_cpu = server.call("POST", "/reset")["cpu"]
     env = {**os.environ, "BENCH_KEY": "sk-bench-not-a-key"}
     started = time.time()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
@@ -264,6 +271,7 @@ def run_campaign(
         "run_s": last - first,
         "startup_s": first - started,
         "exit_s": ended - last,
+        "server_cpu_s": stats["cpu"] - server_cpu,
         "max_in_flight": stats["max"],
         "mean_in_flight": stats["area"] / max(last - first, 1e-9),
         "profile": prof if profile else None,
@@ -396,7 +404,8 @@ def report(
         f"{small['calls']} calls (start-up, the final report and exit included)"
     )
     print(
-        f"  in flight at the server: max {big['max_in_flight']}, mean {big['mean_in_flight']:.1f}"
+        f"  in flight at the server: max {big['max_in_flight']}, mean {big['mean_in_flight']:.1f};"
+        f" the mock server's own CPU: {1000 * big['server_cpu_s'] / calls:.2f} ms per call"
     )
     print(
         f"  wall {big['run_s']:.2f} s first to last event; bound {bound:.2f} s "

@@ -2,8 +2,8 @@
 
 Calls go through ``open_model`` as a campaign's do: the provider makes one HTTP request per
 attempt, :class:`ResilientClient` retries. Backoff waits are recorded, never slept. Every test
-runs on asyncio (aiohttp directly, ``transport = "auto"``) and trio (the SDK on httpx2); the
-tests under "transports" also run the SDK's path on asyncio.
+runs on asyncio (the lean HTTP/1.1 client, ``transport = "auto"``) and trio (the SDK on
+httpx2); the tests under "transports" also run aiohttp's and the SDK's paths on asyncio.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import traceback
@@ -419,13 +420,21 @@ def _sdk_post_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return called
 
 
+TRANSPORTS = ("auto", "aiohttp", "sdk")
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_auto_on_asyncio_sends_through_aiohttp_not_the_sdk(
+async def test_auto_and_aiohttp_on_asyncio_never_call_the_sdk(
     fake_openai: FakeOpenAI, sleeps: RecordingSleep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from mhsafeeval.runtime.providers._openai import _AiohttpClient, _LeanClient
+
     called = _sdk_post_forbidden(monkeypatch)
-    async with open_fake(fake_settings(fake_openai), sleeps) as model:
-        assert (await model.complete(HELLO)).text == "hello"
+    for transport, kind in (("auto", _LeanClient), ("aiohttp", _AiohttpClient)):
+        settings = fake_settings(fake_openai, options={"transport": transport})
+        async with open_fake(settings, sleeps) as model:
+            assert (await model.complete(HELLO)).text == "hello"
+            assert type(inner(model).endpoint.client) is kind
     assert called == []
     settings = fake_settings(fake_openai, options={"transport": "sdk"}, max_attempts=1)
     async with open_fake(settings, sleeps) as model:
@@ -435,7 +444,7 @@ async def test_auto_on_asyncio_sends_through_aiohttp_not_the_sdk(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_both_transports_send_the_same_request(
+async def test_every_transport_sends_the_same_request(
     fake_openai: FakeOpenAI, sleeps: RecordingSleep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MHS_OPENAI_TEST_PROXY", "proxy-value")
@@ -444,17 +453,20 @@ async def test_both_transports_send_the_same_request(
         "extra_headers_env": {"X-Proxy-Auth": "MHS_OPENAI_TEST_PROXY"},
         "extra_body": {"top_k": 20},
     }
-    for transport in ("auto", "sdk"):
+    for transport in TRANSPORTS:
         settings = fake_settings(fake_openai, options={**options, "transport": transport})
         async with open_fake(settings, sleeps) as model:
             done = await model.complete(HELLO, CallParams(temperature=0.5, json_schema=SCHEMA))
         assert done.text == "hello"
-    auto, sdk = fake_openai.requests
-    assert (auto.method, auto.path, auto.body) == (sdk.method, sdk.path, sdk.body)
-    for header in ("authorization", "content-type", "x-team", "x-proxy-auth"):
-        assert auto.headers[header] == sdk.headers[header], header
-    assert auto.headers["authorization"] == f"Bearer {KEY}"
-    assert auto.headers["content-type"] == "application/json"
+    sent = fake_openai.requests
+    assert len(sent) == len(TRANSPORTS)
+    sdk = sent[-1]
+    for got in sent[:-1]:
+        assert (got.method, got.path, got.body) == (sdk.method, sdk.path, sdk.body)
+        for header in ("authorization", "content-type", "x-team", "x-proxy-auth"):
+            assert got.headers[header] == sdk.headers[header], header
+        assert got.headers["authorization"] == f"Bearer {KEY}"
+        assert got.headers["content-type"] == "application/json"
 
 
 _ANSWERS = {
@@ -469,35 +481,53 @@ _ANSWERS = {
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("answer", list(_ANSWERS))
-async def test_both_transports_sort_an_answer_the_same(
+async def test_every_transport_sorts_an_answer_the_same(
     fake_openai: FakeOpenAI, sleeps: RecordingSleep, answer: str
 ) -> None:
     reply, kind, status, wait = _ANSWERS[answer]
     errors: list[BaseException] = []
-    for transport in ("auto", "sdk"):
+    for transport in TRANSPORTS:
         fake_openai.script(reply)
         model = open_fake(fake_settings(fake_openai, options={"transport": transport}), sleeps)
         with pytest.raises(kind) as caught:
             await inner(model).complete(HELLO)
         await model.aclose()
         errors.append(caught.value)
-    auto, sdk = errors
-    assert type(auto) is type(sdk)
-    assert (getattr(auto, "status", None), getattr(auto, "retry_after", None)) == (status, wait)
-    assert (getattr(sdk, "status", None), getattr(sdk, "retry_after", None)) == (status, wait)
-    if status is not None:  # the same exception name and status text as the SDK's
-        assert str(auto).split(" - ")[0] == str(sdk).split(" - ")[0]
+    sdk = errors[-1]
+    for got in errors:
+        assert type(got) is type(sdk)
+        assert (getattr(got, "status", None), getattr(got, "retry_after", None)) == (status, wait)
+        if status is not None:  # the same exception name and status text as the SDK's
+            assert str(got).split(" - ")[0] == str(sdk).split(" - ")[0]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_aiohttp_path_times_out_and_names_the_limit(
-    fake_openai: FakeOpenAI, sleeps: RecordingSleep
+@pytest.mark.parametrize("transport", ["auto", "aiohttp"])
+async def test_the_direct_paths_time_out_and_name_the_limit(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep, transport: str
 ) -> None:
     fake_openai.default = Reply.chat().after(60)
-    model = open_fake(fake_settings(fake_openai, timeout=0.3), sleeps)
+    settings = fake_settings(fake_openai, timeout=0.3, options={"transport": transport})
+    model = open_fake(settings, sleeps)
     with pytest.raises(TransientProviderError, match=r"timed out after 0.3 s"):
         await inner(model).complete(HELLO)
     await model.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_no_server_is_a_transient_connection_error(sleeps: RecordingSleep) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for transport in TRANSPORTS:
+        settings = ModelSettings(
+            provider="openai/fake-model", api_base=f"http://127.0.0.1:{port}/v1",
+            timeout=5.0, max_attempts=1, options={"transport": transport},
+        )  # fmt: skip
+        model = open_fake(settings, sleeps)
+        with pytest.raises(TransientProviderError, match=r"(?i)connect"):
+            await inner(model).complete(HELLO)
+        await model.aclose()
 
 
 # -- one client per endpoint ----------------------------------------------------------------

@@ -1,8 +1,8 @@
 """``openai/<model>``: OpenAI's API, or any server that speaks it (vLLM, llama.cpp, Ollama).
 
-A lean path for when CPU per call matters (many conversations in flight): about 0.3 ms of CPU
-per call at 64 in flight on asyncio (``benchmarks/provider_cpu.py``), a small fraction of what
-``litellm/`` costs. ``<model>`` is the model's name as the server knows it
+A lean path for when CPU per call matters (many conversations in flight): about 0.1 ms of CPU
+per HTTP exchange at 64 in flight on asyncio (``benchmarks/provider_cpu.py``), a small
+fraction of what ``litellm/`` costs. ``<model>`` is the model's name as the server knows it
 (``openai/gpt-4o-mini``, ``openai/Qwen/Qwen2.5-7B``).
 
 * ``api_base``: the server, ``https://api.openai.com/v1`` by default.
@@ -11,7 +11,7 @@ per call at 64 in flight on asyncio (``benchmarks/provider_cpu.py``), a small fr
   ``no-key-needed``, because the SDK always sends one.
 
 Every model table on one endpoint (base URL, key variable, headers and transport) shares one
-HTTP client in the process (an ``aiohttp.ClientSession`` or an ``AsyncOpenAI``, below). Its
+HTTP client in the process (below). Its
 connection pool is sized when the first call is made, to the calls the tables opened by then
 may have in flight, and grows (a new client, the old one closed once its requests are
 answered) when a wider table joins. The client
@@ -22,20 +22,24 @@ retries are off): one
 
 How a request is sent (``options.transport``):
 
-* ``auto`` (the default): on asyncio, straight through aiohttp, the HTTP library the SDK itself
-  uses there (its ``DefaultAioHttpClient``): one ``aiohttp.ClientSession`` per endpoint, the
-  body encoded and the answer decoded by msgspec. The SDK's request machinery (option and
-  header merging, URL building, its httpx2 request and response objects over aiohttp) costs
-  about 0.8 ms of CPU per call, three times what the HTTP exchange itself costs (measured at 64
-  in flight: 1.1 ms against 0.3 ms), and it is most of what a campaign spends per call. Other
-  event loops (trio) use the SDK, as ``sdk`` does.
+* ``auto`` (the default): on asyncio, through the lean HTTP/1.1 client of
+  :mod:`~mhsafeeval.runtime.providers._http11` (keep-alive connections, the answer parsed by
+  httptools), the body encoded and the answer decoded by msgspec. Its request is written from
+  the calling task before it first waits, and an exchange costs about a third of aiohttp's CPU:
+  at 256 conversations in flight this is what lets a campaign keep up with its calls (that
+  module says why). Other event loops (trio) use the SDK, as ``sdk`` does.
+* ``aiohttp``: on asyncio, straight through aiohttp, the HTTP library the SDK itself uses there
+  (its ``DefaultAioHttpClient``): one ``aiohttp.ClientSession`` per endpoint, msgspec as above.
+  The SDK's own request machinery (option and header merging, URL building, its httpx2 request
+  and response objects over aiohttp) costs about 0.8 ms of CPU per call more, three times what
+  the HTTP exchange itself costs; neither of these two paths imports the SDK.
 * ``sdk``: every request through the SDK's plain ``post`` (the way its README gives for any
   endpoint), with the body encoded and the answer decoded by msgspec, on aiohttp under asyncio
-  and httpx2 otherwise. The typed ``chat.completions.create`` path (and its
-  ``with_raw_response``) is not used: it transforms and validates the request parameters, which
-  doubles the CPU of a call again.
+  and httpx2 otherwise; the one to use behind an HTTP proxy (``HTTPS_PROXY``) or over HTTP/2.
+  The typed ``chat.completions.create`` path (and its ``with_raw_response``) is not used: it
+  transforms and validates the request parameters, which doubles the CPU of a call again.
 
-Both send the same request (method, path, body, ``Authorization: Bearer``, the table's
+All three send the same request (method, path, body, ``Authorization: Bearer``, the table's
 headers) and sort the same answers the same way.
 
 How failures are sorted:
@@ -50,8 +54,8 @@ A 4xx/5xx refusing the ``response_format`` it was sent     step down (see below)
 OpenAIError that is no APIError (the SDK refused to send)  permanent
 =========================================================  ===========================
 
-On the aiohttp path the same statuses sort the same way, and aiohttp's connection errors and
-timeouts are transient, as the SDK's are.
+On the ``auto`` and ``aiohttp`` paths the same statuses sort the same way, and connection
+errors and timeouts are transient, as the SDK's are.
 
 Structured output uses the three modes of the ``litellm/`` path
 (:mod:`~mhsafeeval.runtime.providers._openai_compat`): ``auto`` starts at ``json_schema``,
@@ -126,9 +130,10 @@ Price = Annotated[float, msgspec.Meta(ge=0)]
 class OpenAIOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The ``options`` of an ``openai/...`` model table."""
 
-    transport: Literal["auto", "sdk"] = "auto"
-    """How requests are sent: ``auto``, aiohttp directly on asyncio (the SDK elsewhere);
-    ``sdk``, always through the SDK's ``post`` (see the module docstring)."""
+    transport: Literal["auto", "aiohttp", "sdk"] = "auto"
+    """How requests are sent: ``auto``, a lean HTTP/1.1 client on asyncio (the SDK elsewhere);
+    ``aiohttp``, aiohttp directly on asyncio; ``sdk``, always through the SDK's ``post`` (see
+    the module docstring)."""
     structured_output: StructuredOutput = "auto"
     """The structured-output mode to start from; ``auto``: ``json_schema``. A server that
     refuses a mode still steps down from it."""
@@ -170,7 +175,7 @@ class _Reply(msgspec.Struct):
     usage: _Usage | None = None
 
 
-_USER_AGENT = f"mhsafeeval/{_version} (openai-compatible; aiohttp)"
+_USER_AGENT = f"mhsafeeval/{_version} (openai-compatible)"
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder(_Reply).decode
 _JSON = {"Content-Type": "application/json"}  # the body is sent as bytes, already encoded
@@ -326,7 +331,9 @@ def _new_client(
 ) -> _Client:
     has_aiohttp = importlib.util.find_spec("aiohttp") is not None
     on_asyncio = _async_library() == "asyncio"
-    if transport == "auto" and on_asyncio and has_aiohttp:
+    if transport == "auto" and on_asyncio:
+        return _LeanClient(base, api_key, headers, width)
+    if transport == "aiohttp" and on_asyncio and has_aiohttp:
         return _AiohttpClient(base, api_key, headers, width)
     import httpx2
     import openai
@@ -358,7 +365,7 @@ _SDK_NAMES = {
 
 
 class HTTPStatusError(Exception):
-    """An HTTP error answer on the aiohttp path (the SDK's ``APIStatusError`` there);
+    """An HTTP error answer on the ``auto`` or ``aiohttp`` path (the SDK's ``APIStatusError``);
     :attr:`kind` is the name of the SDK's exception for its status, which error messages use.
     """
 
@@ -421,8 +428,50 @@ class _AiohttpClient:
         return bool(self._session.closed)
 
 
+class _LeanClient:
+    """The HTTP exchange of one chat request on the lean HTTP/1.1 client, one per endpoint."""
+
+    def __init__(self, base: str, api_key: str, headers: dict[str, str], width: int) -> None:
+        from ._http11 import Http11Client
+
+        self._client = Http11Client(
+            base,
+            {
+                "Authorization": f"Bearer {api_key}",
+                "Accept": "application/json",
+                "User-Agent": _USER_AGENT,
+                **headers,
+            },
+            limit=width,
+        )
+
+    async def chat(self, body: bytes, *, limit_s: float | None, headers: dict[str, str]) -> bytes:
+        """POST ``body`` to ``/chat/completions``; the answer's bytes.
+
+        Raises:
+            HTTPStatusError: an answer of status 400 or more.
+            ConnectionError, TimeoutError: no answer.
+        """
+        answer = await self._client.post(
+            "/chat/completions", body, headers=headers, limit_s=limit_s
+        )
+        if answer.status >= 400:
+            text = answer.body.decode("utf-8", "replace")
+            raise HTTPStatusError(answer.status, text, answer.headers)
+        return answer.body
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def is_closed(self) -> bool:
+        return self._client.is_closed()
+
+
+_DIRECT = (_LeanClient, _AiohttpClient)
+"""The clients that take the encoded body themselves (no SDK)."""
+
 if TYPE_CHECKING:
-    _Client = openai.AsyncOpenAI | _AiohttpClient
+    _Client = openai.AsyncOpenAI | _LeanClient | _AiohttpClient
 
 
 def _async_library() -> str:
@@ -539,7 +588,7 @@ class OpenAIModel:
             headers = {**_JSON, **env_headers(self.name, self._options.extra_headers_env)}
         try:
             async with self.endpoint.using() as client:
-                if isinstance(client, _AiohttpClient):
+                if isinstance(client, _DIRECT):
                     content = await client.chat(
                         _ENCODE(body), limit_s=self._settings.timeout, headers=headers
                     )
@@ -591,11 +640,12 @@ def classify_openai_error(
     """Sort a failure of one request into transient or permanent (module docstring's table).
 
     ``secret`` (the API key) is scrubbed from the message, which names the innermost cause
-    (aiohttp's "Server disconnected", say). ``response_format``: the request sent one, so an
+    ("Server disconnected", say). ``response_format``: the request sent one, so an
     answer refusing it is a :class:`SchemaRejectedError`. ``timeout``: the request's, named
-    when the aiohttp path timed out.
+    when the ``auto`` or ``aiohttp`` path timed out.
     """
-    # The SDK's exceptions exist only once it was imported: the aiohttp path never imports it.
+    # The SDK's exceptions exist only once it was imported: the auto and aiohttp paths never
+    # import it.
     sdk: Any = sys.modules.get("openai")
     message = error_text(exc, secret)
     if isinstance(exc, HTTPStatusError):
@@ -618,7 +668,7 @@ def classify_openai_error(
         retry_after = retry_after_in((headers,))
         return by_status(message, status, retry_after=retry_after, response_format=False)
     if isinstance(exc, TimeoutError) and not (sdk is not None and isinstance(exc, sdk.OpenAIError)):
-        # aiohttp's timeouts (asyncio.TimeoutError, ServerTimeoutError) say little themselves
+        # these timeouts (asyncio.TimeoutError, aiohttp's ServerTimeoutError) say little
         limit = f" after {timeout:g} s" if timeout is not None else ""
         return TransientProviderError(f"request timed out{limit}: {message}")
     transient: tuple[type[BaseException], ...] = (
@@ -638,12 +688,10 @@ def classify_openai_error(
 
 
 def _aiohttp_errors() -> tuple[type[BaseException], ...]:
-    """aiohttp's errors of a request that got no answer (connection, payload, redirects...)."""
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - the SDK's aiohttp extra is a dependency
-        return ()
-    return (aiohttp.ClientError,)
+    """aiohttp's errors of a request that got no answer (connection, payload, redirects...);
+    none when aiohttp was never imported (then none of its errors can have been raised)."""
+    aiohttp: Any = sys.modules.get("aiohttp")
+    return () if aiohttp is None else (aiohttp.ClientError,)
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -677,17 +725,22 @@ def openai_prices(model: str, settings: ModelSettings) -> bool:
 )
 def openai_factory(model: str, settings: ModelSettings) -> OpenAIModel:
     """OpenAI's API or any OpenAI-compatible server, on the official openai SDK."""
+    transport = typed_options(settings, OpenAIOptions).transport
     try:  # here, not at the first call, so that its latency does not include the import
-        if typed_options(settings, OpenAIOptions).transport == "sdk":
+        if transport == "sdk":
             import httpx2  # noqa: F401 - the SDK's HTTP client
             import openai  # noqa: F401
         elif importlib.util.find_spec("openai") is None:
             raise ImportError("openai")
-        else:  # the aiohttp path on asyncio; the SDK is imported if it is used (trio)
+        elif transport == "aiohttp":
             import aiohttp  # noqa: F401
+        else:  # the lean path on asyncio; the SDK is imported if it is used (trio)
+            import httptools  # noqa: F401
     except ImportError as exc:
+        missing = exc.name or "openai"
         raise ProviderUnavailable(
-            "the openai provider needs the openai package: pip install 'openai[aiohttp]'"
+            f"the openai provider needs the {missing} package: "
+            "pip install 'openai[aiohttp]' httptools"
         ) from exc
     env = _key_env(settings)
     api_key = NO_KEY
