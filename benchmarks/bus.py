@@ -1,8 +1,12 @@
 """Messages per second through the runtime's bus.
 
-Two shapes: five agents passing a token around a ring (one conversation), and 100 concurrent
-conversations, each a ring of five per-conversation agent instances. Prints the figures; the
-target is >= 50,000 messages/s on a 2-core machine, so that the bus never matters next to LLM calls.
+Three shapes: five agents passing a token around a ring (one conversation); 100 concurrent
+conversations, each a ring of five per-conversation agent instances; and conversation churn,
+waves of 128 short conversations (five agent instances each, one message per instance, then
+``end_conversation``), as a campaign of one-turn conversations makes them. Prints the figures;
+the target is >= 50,000 messages/s on a 2-core machine, so that the bus never matters next to
+LLM calls, and the churn's CPU per conversation (its mailbox tasks are handed on from one
+conversation to the next on asyncio: about half what a task per mailbox cost).
 
     python benchmarks/bus.py [--hops 200000] [--backend asyncio|trio]
 """
@@ -105,6 +109,27 @@ async def conversations(n: int, hops_each: int, observe: bool) -> tuple[float, i
     return elapsed, rt.published, counter.seen
 
 
+async def churn(waves: int, per_wave: int) -> tuple[float, int]:
+    """CPU seconds for ``waves`` x ``per_wave`` conversations of five one-message instances."""
+    async with Runtime() as rt:
+        for i in range(RING):
+            rt.register(f"member{i}", member_factory(i), types=(Token,), topic=f"station{i}")  # type: ignore[arg-type]
+        start = time.process_time()
+        for wave in range(waves):
+            names = [f"w{wave}c{c}" for c in range(per_wave)]
+            for name in names:
+                rt.publish(
+                    Token(campaign="bench", conversation=name, station=0, hops_left=RING - 1),
+                    topic="station0",
+                )
+            await rt.run_until_idle()
+            for name in names:
+                rt.end_conversation(name)
+            await rt.run_until_idle()
+        elapsed = time.process_time() - start
+    return elapsed, rt.tasks_started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hops", type=int, default=100_000)
@@ -126,6 +151,13 @@ def main() -> None:
             f"{label}: {published:>8} published in {elapsed:6.2f}s = "
             f"{published / elapsed:>9,.0f} msg/s" + (f" (observer saw {seen})" if observe else "")
         )
+    waves, per_wave = 40, 128
+    cpu, started = anyio.run(churn, waves, per_wave, backend=args.backend)
+    total = waves * per_wave
+    print(
+        f"churn, {total} conversations : {cpu:6.2f}s CPU = {1e6 * cpu / total:4.0f} us per "
+        f"conversation of {RING} agents ({started} mailbox tasks started)"
+    )
 
 
 if __name__ == "__main__":

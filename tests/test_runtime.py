@@ -668,3 +668,83 @@ async def test_a_factory_or_on_start_that_raises_fails_only_its_conversation() -
     assert failures["bad-factory"].error == "cannot build this one"
     assert failures["bad-start"].handler == "on_start"
     assert rt.cancelled_conversations == {"bad-factory", "bad-start"}
+
+
+# -- mailbox tasks are reused -------------------------------------------------------------------
+
+
+class Greeter(Agent):
+    """Per conversation: says which conversation it started in and stops."""
+
+    started: list[tuple[str, str]] = []
+    stopped: list[str] = []
+
+    async def on_start(self) -> None:
+        import structlog.contextvars
+
+        bound = structlog.contextvars.get_contextvars()
+        Greeter.started.append((self.id.key, bound.get("conversation", "")))
+
+    @on(Ping)
+    async def greet(self, msg: Ping) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.publish(Pong(**msg.child_ids(), n=msg.n))
+
+    async def on_stop(self) -> None:
+        Greeter.stopped.append(self.id.key)
+
+
+async def test_conversations_one_after_another_reuse_their_mailbox_tasks(
+    anyio_backend: str,
+) -> None:
+    """Every conversation gets its own agent instances and mailboxes, but on asyncio the tasks
+    that drain them are handed on when a conversation ends instead of each mailbox starting a
+    task (anyio's task start and end cost as much as a model call's HTTP exchange). Each
+    instance still starts and stops once, with its own conversation's log context."""
+    Greeter.started, Greeter.stopped = [], []
+    made = 0
+    rec = Recorder()
+
+    async with Runtime() as rt:
+        if anyio_backend == "asyncio":
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+
+            def counting(loop: asyncio.AbstractEventLoop, coro: object, **kw: object) -> object:
+                nonlocal made
+                made += 1
+                return asyncio.Task(coro, loop=loop, **kw)  # type: ignore[arg-type]
+
+            loop.set_task_factory(counting)  # type: ignore[arg-type]
+        rt.register("greeter", Greeter)
+        rt.subscribe(rec, name="rec")
+        for n in range(30):
+            conversation = f"c{n}"
+            rt.publish(Ping(conversation=conversation, n=n))
+            await rt.run_until_idle()
+            rt.end_conversation(conversation)
+            await rt.run_until_idle()
+        started = getattr(rt, "tasks_started", None)
+        if anyio_backend == "asyncio":
+            loop.set_task_factory(None)
+    if anyio_backend == "asyncio":
+        assert made <= 3, made  # the first mailbox's task, handed on 29 times
+        assert started is not None and started <= 2
+    else:
+        assert started == 31  # trio: a task per mailbox (30 greeters and the observer)
+    assert Greeter.started == [(f"c{n}", f"c{n}") for n in range(30)]
+    assert Greeter.stopped == [f"c{n}" for n in range(30)]
+    assert [m.n for m in rec.messages if isinstance(m, Pong)] == list(range(30))
+
+
+async def test_a_runtime_with_parked_tasks_exits() -> None:
+    async with Runtime() as rt:
+        rt.register("greeter", Greeter)
+        for n in range(5):
+            rt.publish(Ping(conversation=f"p{n}", n=n))
+        await rt.run_until_idle()
+        for n in range(5):
+            rt.end_conversation(f"p{n}")
+        await rt.run_until_idle()
+    # leaving the block ends the parked tasks: reaching here is the test (hang guard: timeout)

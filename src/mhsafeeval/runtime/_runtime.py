@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Container, Iterable, Iterator
@@ -25,6 +26,7 @@ Scope = Literal["global", "conversation"]
 """How many instances of a registered agent type there are: one per conversation, or one."""
 Observer = Callable[[Message], Awaitable[None] | None]
 _FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
+_PARKED = 1024  # idle mailbox tasks kept for the next mailbox (asyncio; see Runtime._hand)
 OBSERVER_BACKLOG = 2000
 """Messages an observer may have queued before agents' ``async`` handlers wait for it: what
 bounds memory when agents publish faster than, say, the event store writes."""
@@ -37,6 +39,16 @@ class _Redo:
 
     def __init__(self, msg: Message) -> None:
         self.msg = msg
+
+
+class _Parked:
+    """A mailbox task with nothing to drain, waiting to be handed the next mailbox."""
+
+    __slots__ = ("job", "wake")
+
+    def __init__(self, wake: anyio.Event) -> None:
+        self.wake = wake
+        self.job: tuple[Callable[[_Mailbox], Awaitable[None]], _Mailbox] | None = None
 
 
 class _Unbuilt(Agent):
@@ -67,6 +79,7 @@ class _Mailbox:
         "busy",
         "callback",
         "closed",
+        "conversation",
         "critical",
         "detached",
         "drainers",
@@ -90,6 +103,7 @@ class _Mailbox:
         self.drainers = 0  # tasks draining the queue (at most width)
         self.busy = 0  # of them, those handling a message
         self.detached = False  # a non-critical observer that raised: sees nothing more
+        self.conversation = ""  # an agent instance of one conversation: its id
 
 
 class _Subscription:
@@ -114,6 +128,14 @@ class _Subscription:
         self.scope = scope
         self.mailbox = mailbox  # observers and single agents
         self.instances: dict[str, _Mailbox] = {}
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class Runtime:
@@ -178,12 +200,18 @@ class Runtime:
         self._cancelled: set[str] = set()
         self._scopes: defaultdict[str, set[anyio.CancelScope]] = defaultdict(set)
         self._event_cls: Callable[[], anyio.Event] = anyio.Event
+        self._scope_cls: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._replay: _Replay | None = None
         self._last: dict[str, Message] = {}
         self._observers: list[_Mailbox] = []  # whose backlogs hold agents back
         self._caught_up: anyio.Event | None = None  # set when a backlogged observer drains
+        self._parked: list[_Parked] = []  # idle mailbox tasks (asyncio only)
+        self._reuse = False  # hand new mailboxes to parked tasks: on asyncio
+        self._closing = False
         self.backlog_waits = 0
         """How many times an agent's async handler waited for a backlogged observer."""
+        self.tasks_started = 0
+        """Mailbox tasks started (parked ones handed a new mailbox are not counted)."""
         self.published = 0
         self.dropped = 0
         self.failures = 0
@@ -195,6 +223,8 @@ class Runtime:
         await self._tg.__aenter__()
         # The backend's Event class, looked up once: anyio.Event() dispatches on every call.
         self._event_cls = type(anyio.Event())
+        self._scope_cls = type(anyio.CancelScope())
+        self._reuse = _on_asyncio()
         return self
 
     async def __aexit__(
@@ -214,10 +244,14 @@ class Runtime:
             self._tg = None
 
     def _close_all(self) -> None:
+        self._closing = True
         for mbox in self._mailboxes():
             mbox.closed = True
             if mbox.wake is not None:
                 mbox.wake.set()
+        parked, self._parked = self._parked, []
+        for task in parked:  # handed no job: they end
+            task.wake.set()
 
     def _mailboxes(self) -> list[_Mailbox]:
         out = [s.mailbox for s in self._subs if s.mailbox is not None]
@@ -303,14 +337,46 @@ class Runtime:
         if self._tg is None:
             raise RuntimeError("the runtime is not running: use `async with Runtime() as rt`")
         mbox.drainers = 1
-        self._tg.start_soon(self._drain, mbox, name=f"mailbox:{mbox.name}")
+        self._hand(self._drain, mbox)
 
     def _add_drainer(self, mbox: _Mailbox) -> None:
         """One more task for a mailbox whose drainers are all busy (an agent with concurrent
         handlers): messages wait for a free one instead of each getting a task of its own."""
-        assert self._tg is not None
         mbox.drainers += 1
-        self._tg.start_soon(self._drain_more, mbox, name=f"mailbox:{mbox.name}")
+        self._hand(self._drain_more, mbox)
+
+    def _hand(self, job: Callable[[_Mailbox], Awaitable[None]], mbox: _Mailbox) -> None:
+        """Run ``job(mbox)`` in a mailbox task: a parked one if there is one (asyncio), else a
+        new one. Starting a task (anyio's task group bookkeeping, the task, its end) costs
+        about as much as a model call's HTTP exchange, and a campaign starts several per
+        conversation; a task whose mailbox closed parks instead of ending, up to ``_PARKED``
+        of them. Trio keeps a task per mailbox (it shuffles tasks it wakes; new ones keep
+        mailbox order, as the trio tests check)."""
+        if self._parked:
+            task = self._parked.pop()
+            task.job = (job, mbox)
+            task.wake.set()
+            return
+        assert self._tg is not None
+        self.tasks_started += 1
+        self._tg.start_soon(self._mailbox_task, job, mbox, name=f"mailbox:{mbox.name}")
+
+    async def _mailbox_task(
+        self, job: Callable[[_Mailbox], Awaitable[None]], mbox: _Mailbox
+    ) -> None:
+        while True:
+            await job(mbox)
+            if not self._reuse or self._closing or len(self._parked) >= _PARKED:
+                return
+            parked = _Parked(self._event_cls())
+            self._parked.append(parked)
+            await parked.wake.wait()
+            if parked.job is None:  # the runtime is closing
+                return
+            job, mbox = parked.job
+            task = asyncio.current_task()
+            if task is not None:
+                task.set_name(f"mailbox:{mbox.name}")
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -458,6 +524,8 @@ class Runtime:
         agent.id = agent_id
         agent._runtime = self
         mbox = _Mailbox(str(agent_id), agent, None, critical=False)
+        if sub.scope == "conversation":
+            mbox.conversation = key
         sub.instances[key] = mbox
         self._start(mbox)
         return mbox
@@ -523,6 +591,9 @@ class Runtime:
 
     async def _drain(self, mbox: _Mailbox) -> None:
         bind_contextvars(agent=mbox.name)
+        first = mbox.queue[0] if mbox.queue else None
+        if first is not None:  # on_start logs with the message that made the agent
+            _bind(first.msg if isinstance(first, _Redo) else first)
         agent = mbox.agent
         if agent is not None and type(agent).on_start is not Agent.on_start:
             try:
@@ -584,7 +655,29 @@ class Runtime:
         all synchronous is handled before any later one starts (nothing yields in between),
         on every backend. A task per mailbox, not per message: spawning a task costs more than
         a small handler does.
+
+        The mailbox of one conversation's agent instance drains inside one cancel scope that
+        cancelling the conversation cancels (its handlers are cut short, as with a scope per
+        handler, at less cost per message); the task then goes on taking the mailbox's
+        messages, which are dropped. Other mailboxes get a scope per async handler.
         """
+        conv = mbox.conversation
+        if not conv:
+            await self._drain_messages(mbox, scoped=False)
+            return
+        while True:
+            with self._scope_cls() as scope:
+                scopes = self._scopes[conv]
+                scopes.add(scope)
+                try:
+                    await self._drain_messages(mbox, scoped=True)
+                    return
+                finally:
+                    scopes.discard(scope)
+                    if not scopes and self._scopes.get(conv) is scopes:
+                        del self._scopes[conv]
+
+    async def _drain_messages(self, mbox: _Mailbox, *, scoped: bool) -> None:
         queue = mbox.queue
         streak = 0
         bound: tuple[str, str, int, int] | None = None
@@ -609,7 +702,7 @@ class Runtime:
                 if where != bound:
                     bound = where
                     _bind(msg)
-                await self._deliver(mbox, msg, redo=msg is not entry)
+                await self._deliver(mbox, msg, redo=msg is not entry, scoped=scoped)
             finally:
                 mbox.busy -= 1
                 self._done_one()
@@ -618,7 +711,11 @@ class Runtime:
                 streak = 0
                 await anyio.lowlevel.checkpoint()
 
-    async def _deliver(self, mbox: _Mailbox, msg: Message, *, redo: bool = False) -> None:
+    async def _deliver(
+        self, mbox: _Mailbox, msg: Message, *, redo: bool = False, scoped: bool = False
+    ) -> None:
+        """Run ``msg``'s handlers; ``scoped``: the task already runs in the conversation's
+        cancel scope (see :meth:`_drain_in_order`)."""
         agent = mbox.agent
         handler = "__call__"
         try:
@@ -642,7 +739,10 @@ class Runtime:
                         await self._observers_drained()
                         if msg.conversation in self._cancelled:
                             break
-                    await self._cancellable(msg.conversation, getattr(agent, handler)(msg))
+                    if scoped:
+                        await getattr(agent, handler)(msg)
+                    else:
+                        await self._cancellable(msg.conversation, getattr(agent, handler)(msg))
                 elif not redo:
                     getattr(agent, handler)(msg)
                 if msg.conversation in self._cancelled:
@@ -695,7 +795,7 @@ class Runtime:
         if not conv:
             await work
             return
-        with anyio.CancelScope() as scope:
+        with self._scope_cls() as scope:
             scopes = self._scopes[conv]
             scopes.add(scope)
             try:

@@ -70,7 +70,7 @@ import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
@@ -284,9 +284,9 @@ class _Endpoint:
         self._width = None
         return not self._users
 
-    @contextlib.asynccontextmanager
-    async def using(self) -> AsyncIterator[_Client]:
-        """The client for one request, counted as in flight while it is used."""
+    async def take(self) -> _Client:
+        """The client for one request, counted as in flight until :meth:`done` (a plain pair,
+        not a context manager: this runs once per call)."""
         width = self.width
         client = self._client
         loop = _event_loop()
@@ -303,17 +303,23 @@ class _Endpoint:
             if old is not None:
                 self._retired[id(old)] = old  # closed once its last request is answered
         self._in_flight[id(client)] = self._in_flight.get(id(client), 0) + 1
-        try:
-            for idle in [c for i, c in self._retired.items() if not self._in_flight.get(i)]:
-                del self._retired[id(idle)]
-                await _close(idle)
-            yield client
-        finally:
-            left = self._in_flight[id(client)] = self._in_flight[id(client)] - 1
-            if not left:
-                del self._in_flight[id(client)]
-                if self._retired.pop(id(client), None) is not None:
-                    await _close(client)
+        if self._retired:
+            try:
+                for idle in [c for i, c in self._retired.items() if not self._in_flight.get(i)]:
+                    del self._retired[id(idle)]
+                    await _close(idle)
+            except BaseException:
+                await self.done(client)
+                raise
+        return client
+
+    async def done(self, client: _Client) -> None:
+        """The request :meth:`take` was for is over."""
+        left = self._in_flight[id(client)] = self._in_flight[id(client)] - 1
+        if not left:
+            del self._in_flight[id(client)]
+            if self._retired.pop(id(client), None) is not None:
+                await _close(client)
 
     async def aclose(self) -> None:
         """Close every client of this endpoint (its models are all closed)."""
@@ -484,8 +490,10 @@ def _async_library() -> str:
 
 
 def _event_loop() -> object:
-    if _async_library() == "asyncio":
+    try:
         return asyncio.get_running_loop()
+    except RuntimeError:  # not on asyncio: trio (sniffio would say so, at more cost per call)
+        pass
     import trio
 
     return trio.lowlevel.current_root_task()
@@ -587,13 +595,17 @@ class OpenAIModel:
         if self._options.extra_headers_env:
             headers = {**_JSON, **env_headers(self.name, self._options.extra_headers_env)}
         try:
-            async with self.endpoint.using() as client:
+            endpoint = self.endpoint
+            client = await endpoint.take()
+            try:
                 if isinstance(client, _DIRECT):
                     content = await client.chat(
                         _ENCODE(body), limit_s=self._settings.timeout, headers=headers
                     )
                 else:
                     content = await self._sdk_post(client, body, headers)
+            finally:
+                await endpoint.done(client)
             return _DECODE(content)
         except Exception as exc:  # cancellation is a BaseException and passes through
             error = classify_openai_error(

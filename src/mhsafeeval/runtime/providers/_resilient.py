@@ -132,10 +132,9 @@ class AdaptiveLimit:
         elif self.total_tokens < self.minimum:
             self._limiter.total_tokens = self.minimum
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[int]:
-        """Hold one slot for a call; yields the round it started in (for :meth:`succeeded`
-        and :meth:`overloaded`).
+    async def take(self) -> int:
+        """Take one slot for a call (give it back with :meth:`give_back`); the round it
+        started in (for :meth:`succeeded` and :meth:`overloaded`).
 
         A free slot is taken without yielding to the event loop (anyio's ``acquire`` would,
         once per call: with many calls in flight each such yield waits behind every other
@@ -147,10 +146,20 @@ class AdaptiveLimit:
             self._limiter.acquire_nowait()
         except anyio.WouldBlock:
             await self._limiter.acquire()
+        return self._round
+
+    def give_back(self) -> None:
+        """Give back a slot :meth:`take` took."""
+        self._limiter.release()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[int]:
+        """:meth:`take` and :meth:`give_back` around a block; yields the round."""
+        started = await self.take()
         try:
-            yield self._round
+            yield started
         finally:
-            self._limiter.release()
+            self.give_back()
 
     def succeeded(self, started: int) -> None:
         """A call that started in round ``started`` succeeded (call it while holding the
@@ -355,7 +364,9 @@ class ResilientClient(ClientWrapper):
     ) -> Completion:
         """One attempt; appends its duration to ``took`` whatever the outcome."""
         self.stats.attempts += 1
-        async with self.limiter.slot() as started:
+        limiter = self.limiter
+        started = await limiter.take()  # a plain pair, not a context manager: once per call
+        try:
             start = anyio.current_time()
             try:
                 done = await self._deadlines.within(self.inner.complete(messages, params))
@@ -365,11 +376,13 @@ class ResilientClient(ClientWrapper):
                 ) from exc
             except TransientProviderError as exc:
                 if exc.status in OVERLOAD_STATUS:
-                    self.limiter.overloaded(started, exc.status)
+                    limiter.overloaded(started, exc.status)
                 raise
             finally:
                 took.append(anyio.current_time() - start)
-            self.limiter.succeeded(started)
+            limiter.succeeded(started)
+        finally:
+            limiter.give_back()
         if done.latency_s:  # the provider timed its own answer
             took[-1] = done.latency_s
         return done
