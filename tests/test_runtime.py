@@ -191,6 +191,11 @@ async def test_handler_failure_cancels_only_its_conversation() -> None:
             rt.publish(Ping(conversation="bad", n=0))  # dropped: the conversation is cancelled
             rt.publish(Ping(conversation="good", n=0))
             await rt.run_until_idle()
+            for conversation in ("bad", "good"):
+                rt.end_conversation(conversation)
+            for _ in range(10):  # the mailboxes' tasks leave their conversations' scopes
+                await anyio.lowlevel.checkpoint()
+            assert not rt._scopes
     assert Stepper.finished == ["good", "good"]
     failures = rec.of(HandlerFailed)
     assert len(failures) == 1

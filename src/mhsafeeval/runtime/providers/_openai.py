@@ -1,6 +1,6 @@
 """``openai/<model>``: OpenAI's API, or any server that speaks it (vLLM, llama.cpp, Ollama).
 
-A lean path for when CPU per call matters (many conversations in flight): about 0.1 ms of CPU
+A lean path for when CPU per call matters (many conversations in flight): about 0.15 ms of CPU
 per HTTP exchange at 64 in flight on asyncio (``benchmarks/provider_cpu.py``), a small
 fraction of what ``litellm/`` costs. ``<model>`` is the model's name as the server knows it
 (``openai/gpt-4o-mini``, ``openai/Qwen/Qwen2.5-7B``).
