@@ -17,8 +17,10 @@ import select
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    names: list[str] = field(default_factory=list)  # every header line's name, lower-cased
 
 
 Answer = bytes | None  # None: close the connection without answering
@@ -150,7 +153,8 @@ class Server:
                         return
                     buffer += chunk or b""
                 body, buffer = buffer[:size], buffer[size:]
-                request = Seen(number, index, method, path, headers, body)
+                names = [line.partition(":")[0].strip().lower() for line in lines[1:]]
+                request = Seen(number, index, method, path, headers, body, names)
                 index += 1
                 with self._lock:
                     self.seen.append(request)
@@ -161,6 +165,11 @@ class Server:
                     return
                 if answer == b"hold":
                     self._stop.wait(30)
+                    return
+                if answer.startswith(b"reset:"):  # part of an answer, then a TCP reset
+                    sock.sendall(answer[len(b"reset:") :])
+                    time.sleep(0.05)
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
                 sock.sendall(answer)
                 if b"connection: close" in answer.lower() or b"HTTP/1.0" in answer[:9]:
@@ -239,9 +248,11 @@ async def test_the_request_leaves_before_the_caller_first_waits() -> None:
     assert probed == [True]
 
 
-def test_a_header_with_a_line_break_is_refused() -> None:
+def test_a_header_with_a_line_break_or_one_the_client_sets_is_refused() -> None:
     with pytest.raises(ValueError, match="X-Bad"):
         Http11Client("http://127.0.0.1:1/v1", {"X-Bad": "a\r\nInjected: yes"}, limit=1)
+    with pytest.raises(ValueError, match="the client's own"):
+        Http11Client("http://127.0.0.1:1/v1", {"content-length": "9"}, limit=1)
 
 
 def test_only_http_and_https_addresses() -> None:
@@ -337,14 +348,55 @@ async def test_an_error_status_comes_back_with_its_headers() -> None:
 # -- failures ---------------------------------------------------------------------------------
 
 
-async def test_a_kept_connection_dropped_while_idle_is_retried_once_on_a_new_one() -> None:
+async def test_a_kept_connection_that_drops_a_request_is_an_error_never_a_second_post() -> None:
+    """The server may have read (and worked on) the request before it closed: resending a
+    POST could make a model call twice. The caller's retry policy decides (ResilientClient)."""
+
     def script(seen: Seen) -> Answer:
         return None if (seen.connection, seen.index) == (0, 1) else ok()
 
     with serving(script) as server:
         client = client_for(server)
         assert (await client.post("/x", b"{}")).status == 200
-        assert (await client.post("/x", b"{}")).status == 200  # dropped, then sent again
+        with pytest.raises(ConnectionClosed, match="Server disconnected"):
+            await client.post("/x", b"{}")
+        assert (await client.post("/x", b"{}")).status == 200  # on a new connection
+        await client.close()
+    assert [(s.connection, s.index) for s in server.seen] == [(0, 0), (0, 1), (1, 0)]
+
+
+async def test_a_reset_in_a_read_to_the_end_answer_is_an_error_not_a_short_body() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+    with serving(always(b"reset:" + head + b'{"choices": [')) as server:
+        client = client_for(server)
+        with pytest.raises(ConnectionClosed):
+            await client.post("/x", b"{}")
+        await client.close()
+
+
+async def test_an_idle_connection_past_its_limit_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mhsafeeval.runtime.providers import _http11
+
+    monkeypatch.setattr(_http11, "IDLE_S", 0.1)
+    with serving(always(ok())) as server:
+        client = client_for(server)
+        await client.post("/x", b"{}")
+        await client.post("/x", b"{}")  # at once: the same connection
+        await asyncio.sleep(0.3)
+        await client.post("/x", b"{}")  # idle too long: a new one
+        await client.close()
+    assert [(s.connection, s.index) for s in server.seen] == [(0, 0), (0, 1), (1, 0)]
+
+
+async def test_the_servers_keep_alive_timeout_is_heeded() -> None:
+    with serving(always(ok(extra="Keep-Alive: timeout=0.25\r\n"))) as server:
+        client = client_for(server)
+        await client.post("/x", b"{}")
+        await client.post("/x", b"{}")
+        await asyncio.sleep(0.4)  # past what the server said (less a margin): not reused
+        await client.post("/x", b"{}")
         await client.close()
     assert [(s.connection, s.index) for s in server.seen] == [(0, 0), (0, 1), (1, 0)]
 
@@ -378,11 +430,13 @@ async def test_no_server_cannot_connect() -> None:
     await client.close()
 
 
-async def test_a_timeout_closes_the_connection_and_the_next_request_gets_a_new_one() -> None:
-    def script(seen: Seen) -> Answer:
-        return b"hold" if seen.connection == 0 else ok()
+def hold_the_first_connection(seen: Seen) -> Answer:
+    """Never answer on the first connection; answer on every later one."""
+    return b"hold" if seen.connection == 0 else ok()
 
-    with serving(script) as server:
+
+async def test_a_timeout_closes_the_connection_and_the_next_request_gets_a_new_one() -> None:
+    with serving(hold_the_first_connection) as server:
         client = client_for(server, limit=1)
         with pytest.raises(TimeoutError, match=r"after 0\.2 s"):
             await client.post("/x", b"{}", limit_s=0.2)
@@ -392,10 +446,7 @@ async def test_a_timeout_closes_the_connection_and_the_next_request_gets_a_new_o
 
 
 async def test_a_cancelled_request_frees_its_slot_and_its_connection_is_not_reused() -> None:
-    def script(seen: Seen) -> Answer:
-        return b"hold" if seen.connection == 0 else ok()
-
-    with serving(script) as server:
+    with serving(hold_the_first_connection) as server:
         client = client_for(server, limit=1)
         task = asyncio.ensure_future(client.post("/x", b"{}"))
         for _ in range(200):
@@ -411,10 +462,7 @@ async def test_a_cancelled_request_frees_its_slot_and_its_connection_is_not_reus
 
 
 async def test_waiting_for_a_connection_counts_in_the_timeout() -> None:
-    def script(seen: Seen) -> Answer:
-        return b"hold" if seen.connection == 0 else ok()
-
-    with serving(script) as server:
+    with serving(hold_the_first_connection) as server:
         client = client_for(server, limit=1)
         holder = asyncio.ensure_future(client.post("/x", b"{}"))
         await asyncio.sleep(0.05)
@@ -424,6 +472,19 @@ async def test_waiting_for_a_connection_counts_in_the_timeout() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await holder
         await client.close()
+
+
+async def test_a_request_granted_a_slot_as_the_client_closes_is_not_sent() -> None:
+    with serving(always(ok()), delay=0.2) as server:
+        client = client_for(server, limit=1)
+        # Its first step runs once this task waits inside the first request, which has
+        # taken the one slot by then: it queues for the slot.
+        second = asyncio.ensure_future(client.post("/x", b"{}"))
+        assert (await client.post("/x", b"{}")).status == 200  # hands the slot on...
+        await client.close()  # ...to the second, which runs after this
+        with pytest.raises(ConnectionClosed, match="closed"):
+            await second
+    assert len(server.seen) == 1
 
 
 async def test_a_closed_client_refuses_requests() -> None:
@@ -469,3 +530,17 @@ async def test_https_with_a_trusted_certificate(certificate: tuple[Path, Path]) 
         await untrusting.close()
     assert [g.status for g in got] == [200, 200]
     assert server.connections >= 2  # one kept for both requests, one refused
+
+
+async def test_a_calls_header_replaces_the_clients_of_the_same_name() -> None:
+    with serving(always(ok())) as server:
+        headers = {"Accept": "text/plain", "X-Team": "a", "host": f"127.0.0.1:{server.port}"}
+        client = Http11Client(server.url, headers, limit=1)
+        await client.post("/x", b"{}", headers={"accept": "application/json"})
+        await client.post("/x", b"{}")
+        await client.close()
+    first, second = server.seen
+    assert first.names.count("accept") == second.names.count("accept") == 1
+    assert first.names.count("host") == 1
+    assert (first.headers["accept"], first.headers["x-team"]) == ("application/json", "a")
+    assert (second.headers["accept"], second.headers["x-team"]) == ("text/plain", "a")

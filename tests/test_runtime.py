@@ -753,3 +753,28 @@ async def test_a_runtime_with_parked_tasks_exits() -> None:
             rt.end_conversation(f"p{n}")
         await rt.run_until_idle()
     # leaving the block ends the parked tasks: reaching here is the test (hang guard: timeout)
+
+
+async def test_parked_mailbox_tasks_keep_no_ended_agent_alive() -> None:
+    import gc
+    import weakref
+
+    made: list[weakref.ref[Agent]] = []
+
+    def make(_: AgentId) -> Agent:
+        agent = Greeter()
+        made.append(weakref.ref(agent))
+        return agent
+
+    async with Runtime() as rt:
+        rt.register("greeter", make, types=(Ping,))
+        for n in range(20):
+            rt.publish(Ping(conversation=f"g{n}", n=n))
+            await rt.run_until_idle()
+            rt.end_conversation(f"g{n}")
+            await rt.run_until_idle()
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()
+        gc.collect()
+        alive = [ref for ref in made if ref() is not None]
+        assert alive == [], f"{len(alive)} of {len(made)} ended agents still held"

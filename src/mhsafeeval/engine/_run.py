@@ -380,7 +380,7 @@ async def _resume(
             ):
                 rt.end_conversation(conversation)  # its agents stop (a late message: again)
                 ended.add(sys.intern(conversation))  # the index's copy of the id, not another
-                await anyio.lowlevel.checkpoint()  # their tasks end and free them now
+                await anyio.lowlevel.checkpoint()  # their tasks end (or park) and free them now
             if msg.causation in kept_ids:
                 children.setdefault(msg.causation, []).append(msg)
         if len(page) >= _PAGE:

@@ -364,19 +364,22 @@ class Runtime:
     async def _mailbox_task(
         self, job: Callable[[_Mailbox], Awaitable[None]], mbox: _Mailbox
     ) -> None:
-        while True:
-            await job(mbox)
+        work: tuple[Callable[[_Mailbox], Awaitable[None]], _Mailbox] | None = (job, mbox)
+        del job, mbox  # a parked task must not keep its last (ended) agent alive
+        while work is not None:
+            await work[0](work[1])
+            work = None
             if not self._reuse or self._closing or len(self._parked) >= _PARKED:
                 return
             parked = _Parked(self._event_cls())
             self._parked.append(parked)
             await parked.wake.wait()
-            if parked.job is None:  # the runtime is closing
+            work, parked.job = parked.job, None
+            if work is None:  # the runtime is closing
                 return
-            job, mbox = parked.job
             task = asyncio.current_task()
             if task is not None:
-                task.set_name(f"mailbox:{mbox.name}")
+                task.set_name(f"mailbox:{work[1].name}")
 
     # -- publishing ----------------------------------------------------------------------------
 

@@ -12,15 +12,16 @@ any request leaves, so the next requests leave together too and the bursts never
 What this client does, and all it does:
 
 * keep-alive connections, at most ``limit`` open, one request on a connection at a time; the
-  most recently used idle one is taken first, an idle one is closed after ``IDLE_S`` seconds;
+  most recently used idle one is taken first; one idle for ``IDLE_S`` seconds, or for 0.8 of
+  the ``Keep-Alive: timeout=N`` the server announced, is closed instead (servers drop idle
+  connections: uvicorn, which vLLM runs on, after 5 s);
 * the request (``POST``, its headers, ``Content-Length``, the body) written at once, from the
   calling task, before it first waits;
 * the answer parsed by httptools (the llhttp parser): ``Content-Length``, chunked, or read to
   the end of the connection; gzip and deflate bodies are decoded (none are asked for);
-* a connection that was used before and closes before a byte of its answer arrived (the
-  server dropped it while idle) is retried once on a new connection; any other failure is one
-  error: :class:`CannotConnect`, :class:`ConnectionClosed`, :class:`MalformedResponse` (all
-  ``ConnectionError``), or
+* a POST is never sent twice: a failure is one error, :class:`CannotConnect`,
+  :class:`ConnectionClosed` (also when a kept connection turns out to be closed: the server may
+  have read the request), :class:`MalformedResponse` (all ``ConnectionError``), or
   ``TimeoutError`` when the whole exchange, the connection included, took over ``limit_s``;
 * a connection whose exchange was cut short (timeout, cancellation, a broken answer) is
   closed, never reused;
@@ -38,14 +39,16 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
 
 __all__ = ["CannotConnect", "ConnectionClosed", "Http11Client", "MalformedResponse", "Response"]
 
-IDLE_S = 15.0
-"""An idle connection older than this is closed instead of reused."""
+IDLE_S = 4.0
+"""An idle connection older than this is closed instead of reused (below the 5 s after which
+uvicorn and Node close one; nginx waits 75 s)."""
 
 
 class CannotConnect(ConnectionError):
@@ -82,11 +85,10 @@ class _Connection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.status = 0
-        self.received = False  # a byte of the current answer arrived
         self.complete = False  # headers parsed
         self.reusable = False
-        self.used = 0  # answers received on this connection
         self.idle_since = 0.0
+        self.idle_limit = IDLE_S
         self.lost = False
 
     # -- asyncio.Protocol
@@ -98,7 +100,6 @@ class _Connection(asyncio.Protocol):
         if self.waiter is None:  # nothing asked: a server talking out of turn
             self._abort()
             return
-        self.received = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -112,8 +113,8 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is None or waiter.done():
             return
-        if self.complete and self._ends_at_close():
-            self._finish()  # an answer delimited by the end of the connection
+        if exc is None and self.complete and self._ends_at_close():
+            self._finish()  # an answer delimited by the (orderly) end of the connection
             return
         cause = f": {exc}" if exc else ""
         self._fail(ConnectionClosed(f"Server disconnected{cause}"))
@@ -135,6 +136,9 @@ class _Connection(asyncio.Protocol):
             self.headers, self.body, self.complete = {}, [], False
             return
         self.reusable = self.parser.should_keep_alive()
+        announced = self.headers.get("keep-alive")
+        if announced and "timeout=" in announced:  # heed it, with a fifth to spare
+            self.idle_limit = min(self.idle_limit, 0.8 * _announced_timeout(announced))
         self._finish()
 
     # --
@@ -155,7 +159,6 @@ class _Connection(asyncio.Protocol):
                 problem = f"the server's {encoding} body does not decode: {exc}"
                 self._fail(MalformedResponse(problem))
                 return
-        self.used += 1
         waiter.set_result(Response(self.status, self.headers, body))
 
     def _fail(self, exc: BaseException) -> None:
@@ -174,7 +177,7 @@ class _Connection(asyncio.Protocol):
         """Ready for one more answer; the future it will be given to."""
         self.waiter = waiter = self.loop.create_future()
         self.headers, self.body = {}, []
-        self.status, self.received, self.complete, self.reusable = 0, False, False, False
+        self.status, self.complete, self.reusable = 0, False, False
         return waiter
 
 
@@ -209,7 +212,9 @@ class Http11Client:
         default_port = self._port == (443 if split.scheme == "https" else 80)
         host = self._host if ":" not in self._host else f"[{self._host}]"  # IPv6
         authority = host if default_port else f"{host}:{self._port}"
-        self._fixed = _header_lines({"Host": authority, **headers})
+        self._headers = _merged({"Host": authority}, headers)
+        self._names = {name.lower() for name in self._headers}
+        self._fixed = _header_lines(self._headers)
         self._limit = max(1, limit)
         self._idle: list[_Connection] = []
         self._open = 0  # connections open or being opened
@@ -247,40 +252,36 @@ class Http11Client:
         head = b"".join(
             (
                 f"POST {self._prefix}{path} HTTP/1.1\r\n".encode("latin-1"),
-                self._fixed,
-                self._extra(headers),
+                self._header_block(headers),
                 b"Content-Length: %d\r\n\r\n" % len(body),
             )
         )
         request = head + body
-        for retry in (True, False):
-            conn = await self._acquire(loop, deadline, limit_s)
-            reused = conn.used > 0
-            try:
-                answer = await self._exchange(loop, conn, request, deadline, limit_s)
-            except ConnectionClosed:
-                self._release(conn)
-                if retry and reused and not conn.received:
-                    continue  # dropped while idle, before it read the request: once more
-                raise
-            except BaseException:  # a timeout, a cancellation, a broken answer
-                conn._abort()
-                self._release(conn)
-                raise
+        conn = await self._acquire(loop, deadline, limit_s)
+        try:
+            answer = await self._exchange(loop, conn, request, deadline, limit_s)
+        except BaseException:  # a drop, a timeout, a cancellation, a broken answer
+            conn._abort()
             self._release(conn)
-            return answer
-        raise AssertionError("unreachable")  # pragma: no cover
+            raise
+        self._release(conn)
+        return answer
 
-    def _extra(self, headers: Mapping[str, str] | None) -> bytes:
+    def _header_block(self, headers: Mapping[str, str] | None) -> bytes:
+        """The client's headers and the call's: a call's header replaces the client's of the
+        same name (in any case). Worked out once per header map the callers keep."""
         if not headers:
-            return b""
+            return self._fixed
         cached = self._lines.get(id(headers))
         if cached is not None and cached[0] is headers:
             return cached[1]
-        lines = _header_lines(headers)
+        if any(name.lower() in self._names for name in headers):
+            block = _header_lines(_merged(self._headers, headers))
+        else:
+            block = self._fixed + _header_lines(headers)
         if len(self._lines) < 64:  # the callers' few constant header maps
-            self._lines[id(headers)] = (headers, lines)
-        return lines
+            self._lines[id(headers)] = (headers, block)
+        return block
 
     async def _exchange(
         self,
@@ -307,10 +308,12 @@ class Http11Client:
         self, loop: asyncio.AbstractEventLoop, deadline: float | None, limit_s: float | None
     ) -> _Connection:
         while True:
+            if self._closed:
+                raise ConnectionClosed("the HTTP client is closed")
             now = time.monotonic()
             while self._idle:
                 conn = self._idle.pop()
-                if conn.lost or now - conn.idle_since > IDLE_S:
+                if conn.lost or now - conn.idle_since > conn.idle_limit:
                     conn._abort()
                     self._open -= 1
                     continue
@@ -325,18 +328,21 @@ class Http11Client:
                     raise
             slot: asyncio.Future[None] = loop.create_future()
             self._waiting.append(slot)
+            # A timer, not asyncio.wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that arrives in the pass the slot is granted in.
+            timer = None
+            if deadline is not None:
+                waited = TimeoutError(_timed_out(limit_s, "waiting for a connection"))
+                timer = loop.call_at(deadline, _fail_future, slot, waited)
             try:
-                if deadline is None:
-                    await slot
-                else:
-                    await asyncio.wait_for(slot, max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                raise TimeoutError(_timed_out(limit_s, "waiting for a connection")) from None
+                await slot
             except BaseException:
                 if slot.done() and not slot.cancelled():
                     self._wake()  # handed a slot it will not use: pass it on
                 raise
             finally:
+                if timer is not None:
+                    timer.cancel()
                 if not slot.done():
                     slot.cancel()
                 with contextlib.suppress(ValueError):
@@ -356,7 +362,8 @@ class Http11Client:
             if deadline is None:
                 _, conn = await opening
             else:
-                _, conn = await asyncio.wait_for(opening, max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    _, conn = await opening
         except TimeoutError:
             raise TimeoutError(_timed_out(limit_s, "connecting")) from None
         except OSError as exc:  # refused, unreachable, no such host, a certificate refused
@@ -393,9 +400,22 @@ class Http11Client:
         self._waiting.clear()
 
 
+def _merged(base: Mapping[str, str], more: Mapping[str, str]) -> dict[str, str]:
+    """``base`` and then ``more``: a name in ``more`` replaces ``base``'s in any case."""
+    replaced = {name.lower() for name in more}
+    out = {name: value for name, value in base.items() if name.lower() not in replaced}
+    out.update(more)
+    return out
+
+
+_OURS = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
 def _header_lines(headers: Mapping[str, str]) -> bytes:
     out = []
     for name, value in headers.items():
+        if name.lower() in _OURS:
+            raise ValueError(f"HTTP header {name!r} is the client's own to set")
         text = f"{name}{value}"
         if "\r" in text or "\n" in text or ":" in name or not name.strip():
             raise ValueError(f"HTTP header {name!r}: a name or value with a line break or colon")
@@ -409,5 +429,21 @@ def _timed_out(limit_s: float | None, doing: str) -> str:
 
 
 def _expire(waiter: asyncio.Future[Response], limit_s: float | None) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError(_timed_out(limit_s, "waiting for the answer")))
+    _fail_future(waiter, TimeoutError(_timed_out(limit_s, "waiting for the answer")))
+
+
+def _fail_future(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _announced_timeout(value: str) -> float:
+    """The ``timeout=N`` of a ``Keep-Alive`` header (0 if it does not parse)."""
+    for part in value.split(","):
+        name, _, number = part.strip().partition("=")
+        if name.strip().lower() == "timeout":
+            try:
+                return float(number)
+            except ValueError:
+                return 0.0
+    return 0.0
