@@ -594,11 +594,11 @@ class Runtime:
 
     async def _drain(self, mbox: _Mailbox) -> None:
         bind_contextvars(agent=mbox.name)
-        first = mbox.queue[0] if mbox.queue else None
-        if first is not None:  # on_start logs with the message that made the agent
-            _bind(first.msg if isinstance(first, _Redo) else first)
         agent = mbox.agent
         if agent is not None and type(agent).on_start is not Agent.on_start:
+            first = mbox.queue[0] if mbox.queue else None
+            if first is not None:  # on_start logs with the message that made the agent
+                _bind(first.msg if isinstance(first, _Redo) else first)
             try:
                 await agent.on_start()
             except Exception as exc:
