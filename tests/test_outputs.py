@@ -30,6 +30,7 @@ from mhsafeeval.export import export
 from mhsafeeval.messages import ClientUtterance, CounselorReply, Message
 from mhsafeeval.runtime import encode_message
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
+from needs import need_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DROP_PRIVILEGES = (
@@ -390,13 +391,10 @@ def _formulas_in_libreoffice(csv_file: Path, tmp_path: Path) -> list[str]:
     return re.findall(r'table:formula="([^"]*)"', content)
 
 
-@pytest.mark.skipif(
-    shutil.which("soffice") is None,
-    reason="LibreOffice is missing (apt-get install libreoffice-calc-nogui; .ci/run does)",
-)
 def test_a_real_spreadsheet_finds_no_formula_in_a_csv_export(tmp_path: Path) -> None:
     """LibreOffice Calc opens the export: not one cell becomes a formula. The same texts
     written raw do become formulas, so the check can fail."""
+    need_command("soffice", "apt-get install libreoffice-calc-nogui; .ci/run does")
     db = make_db(tmp_path / "c.db", turns(FORMULAS + PLAIN))
     exported = tmp_path / "attempts.csv"
     done = run_cli("export", str(db), "--format", "csv", "--out", str(exported))

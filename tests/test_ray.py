@@ -40,8 +40,10 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.storage import SqliteEventStore
 from mhsafeeval.testing import scripted_models
+from needs import need_module
 
-ray = pytest.importorskip("ray")
+need_module("ray", "pip install -e '.[ray]' (the test extra has it)")
+import ray  # noqa: E402 - after the check
 
 from mhsafeeval.distributed import run_distributed  # noqa: E402 - after the skip
 

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from needs import need_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: install the test extra (pip install -e '.[test]')")
-    return found
+    return need_command(name, "pip install -e '.[test]'")
 
 
 def test_ruff_clean() -> None:

@@ -513,3 +513,43 @@ async def test_a_second_writer_is_refused_and_the_lock_is_released(tmp_path: Pat
             assert await reader.list_campaigns() == []
     async with SqliteEventStore(path):  # released on close
         pass
+
+
+_HOLD_THE_LOCK = """
+import sys, anyio
+from mhsafeeval.storage import SqliteEventStore
+
+async def hold() -> None:
+    async with SqliteEventStore(sys.argv[1]):
+        print("locked", flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(hold)
+"""
+
+
+def test_a_lock_left_by_a_killed_process_never_blocks_a_rerun(tmp_path: Path) -> None:
+    """A campaign killed with SIGKILL (or a segfault) leaves ``<db>.lock`` behind: the lock
+    is the kernel's (flock), released with the process, so the same command continues."""
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import cli
+
+    db = tmp_path / "c.db"
+    config = Path(__file__).resolve().parents[1] / "examples" / "campaign.toml"
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_LOCK, str(db)], stdout=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline() == "locked\n"
+            held = cli("run", str(config), "--db", str(db), "--quiet", timeout=120)
+            assert held.returncode == 2 and f"pid {child.pid}" in held.stderr, held.stderr
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+    assert Path(f"{db}.lock").read_text() == str(child.pid)  # left behind by the dead process
+    done = cli("run", str(config), "--db", str(db), "--quiet", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "3/3 conversations finished (0 failed)" in done.stderr

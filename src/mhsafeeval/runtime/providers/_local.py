@@ -47,6 +47,7 @@ import msgspec
 import structlog
 
 from ._guided import guided_json
+from ._llama_load import ProbeFailed, load_llama, probe
 from ._llama_log import mute_llama_logs, route_llama_logs
 from ._registry import provider, typed_options
 from ._template import ChatTemplate, Piece
@@ -304,21 +305,16 @@ class _Engine:
     """One loaded model file and its contexts, shared by every client of it."""
 
     def __init__(self, path: Path, options: dict[str, Any]) -> None:
-        from llama_cpp import Llama
-
         route_llama_logs()
         self.path = path
-        threads = (
-            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        )
         settings = {
-            "model_path": str(path),
             "n_ctx": int(options.get("n_ctx", 8192)),
-            "n_threads": int(options.get("n_threads", threads or 1)),
+            "n_threads": _threads(options),
             "n_batch": int(options.get("n_batch", 512)),
             "verbose": False,
         }
-        self._open: Any = lambda: Llama(**settings)
+        extra = bool(options.get("extra_buffers", False))
+        self._open: Any = lambda: load_llama(path, extra_buffers=extra, **settings)
         self.llama: Any = self._open()  # the first context; also the tokenizer
         self.contexts: list[Any] = [self.llama]
         self.last: Any = self.llama
@@ -572,11 +568,39 @@ def _queue() -> anyio.CapacityLimiter:
     return anyio.CapacityLimiter(1)
 
 
-def _engine_for(path: Path, options: dict[str, Any]) -> _Engine:
+def _threads(options: dict[str, Any]) -> int:
+    """``options.n_threads``, else every core this process may use."""
+    if options.get("n_threads") is not None:
+        return int(options["n_threads"])
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return usable or 1
+
+
+def _probe(path: Path, options: dict[str, Any], address: str) -> None:
+    """One test generation of ``path`` in a child process, before this process generates with
+    it (cached: see :mod:`._llama_load`).
+
+    Raises:
+        ProviderUnavailable: the build crashed on it (naming the fix) or could not run it.
+    """
+    try:
+        probe(
+            path,
+            extra_buffers=bool(options.get("extra_buffers", False)),
+            threads=_threads(options),
+            cache=cache_dir(),
+            address=address,
+        )
+    except ProbeFailed as exc:
+        raise ProviderUnavailable(str(exc)) from None
+
+
+def _engine_for(path: Path, options: dict[str, Any], address: str) -> _Engine:
     resolved = path.resolve()
     with _engines_lock:  # load each file once, even when many agents ask at the same moment
         engine = _engines.get(resolved)
         if engine is None:
+            _probe(resolved, options, address)  # a crashing build fails here, not in this process
             started = time.perf_counter()
             engine = _engines[resolved] = _Engine(resolved, options)
             log.info(
@@ -612,7 +636,7 @@ class LocalModel:
     ) -> Completion:
         """Generate in a worker thread; cancellation stops the generation at its next token."""
         params = params or CallParams()
-        engine = await anyio.to_thread.run_sync(_engine_for, self.path, self.options)
+        engine = await anyio.to_thread.run_sync(_engine_for, self.path, self.options, self.name)
         stop_flag = threading.Event()
         started = time.perf_counter()
         try:
@@ -680,11 +704,18 @@ class LocalOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """llama.cpp contexts per model file, each with its own KV cache of ``n_ctx`` tokens (memory
     grows with both): prompts go to the context that has the longest prefix of them evaluated,
     so up to this many roles keep their system prompts cached. 1: one shared context."""
+    extra_buffers: bool = False
+    """Load with llama.cpp's extra buffer types (AMX tiles, weight repacking for wider SIMD).
+    Off by default: llama-cpp-python 0.3.36 built natively on a CPU with AMX crashes the process
+    (SIGSEGV) in that path on the first generation. Before a process generates with a file, a
+    test generation in a child process turns such a crash into an error naming the fix."""
 
 
 def check_local_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
-    """What opening would refuse, found without loading anything: llama-cpp-python or the
-    built-in model's package not installed, a model file that is missing or not GGUF."""
+    """What opening would refuse, found before anything is written: llama-cpp-python or the
+    built-in model's package not installed, a model file that is missing or not GGUF, and a
+    llama.cpp build that crashes on the file (the cached test generation in a child process:
+    seconds the first time for a file, then nothing)."""
     address = f"local/{model}"
     if importlib.util.find_spec("llama_cpp") is None:
         return [("provider", f"{address} needs llama-cpp-python: {INSTALL_HINT}")]
@@ -699,6 +730,18 @@ def check_local_settings(model: str, settings: ModelSettings) -> list[tuple[str,
                 raise ProviderUnavailable(f"{address} needs the model package: {INSTALL_HINT}")
         else:
             _check_gguf(Path(model).expanduser(), address)
+    except ProviderUnavailable as exc:
+        return [("provider", str(exc))]
+    try:
+        options = msgspec.convert(settings.options, LocalOptions)
+    except (msgspec.ValidationError, ValueError):
+        return []  # the options' own check names the key; nothing to test-load with
+    try:
+        if model in BUILTIN_MODELS or model in PACKAGED_MODELS:
+            path = builtin_model_path(model)
+        else:
+            path = Path(model).expanduser()
+        _probe(path, msgspec.structs.asdict(options), address)
     except ProviderUnavailable as exc:
         return [("provider", str(exc))]
     return []
