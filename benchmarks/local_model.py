@@ -20,6 +20,7 @@ import anyio
 
 from mhsafeeval.judges import VERDICT_SCHEMA
 from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings, open_model
+from mhsafeeval.runtime.providers._llama_load import load_llama
 from mhsafeeval.runtime.providers._local import (
     bounded_schema,
     builtin_model_path,
@@ -35,11 +36,14 @@ STOPS = ["<end_of_turn>"]
 
 
 async def measure(tokens: int, rounds: int) -> dict[str, Any]:
-    from llama_cpp import Llama, LlamaGrammar
+    from llama_cpp import LlamaGrammar
 
     path = str(builtin_model_path("gemma-3-270m"))
     threads = len(os.sched_getaffinity(0))
-    llm = Llama(model_path=path, n_ctx=8192, n_threads=threads, n_batch=512, verbose=False)
+    # Loaded as the provider loads it (llama.cpp's extra buffer types off: see _llama_load).
+    llm = load_llama(
+        path, extra_buffers=False, n_ctx=8192, n_threads=threads, n_batch=512, verbose=False
+    )
     prompt = gemma_prompt(MESSAGES)
     out: dict[str, Any] = {"path": path, "direct": [0, 0.0], "provider": [0, 0.0]}
     async with open_model(ModelSettings(provider="local/gemma-3-270m", timeout=600)) as model:

