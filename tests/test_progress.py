@@ -8,8 +8,10 @@ import logging
 import re
 import sys
 from collections.abc import Iterator
+from typing import cast
 
 import anyio
+import msgspec
 import pytest
 import structlog
 
@@ -28,6 +30,8 @@ from mhsafeeval.messages import (
 from mhsafeeval.progress import Progress
 from mhsafeeval.runtime import configure_logging
 from mhsafeeval.runtime.providers import Connections, ModelSettings, open_model
+from mhsafeeval.storage import EventStore
+from mhsafeeval.storage._protocol import StoreStats
 
 
 class FakeTerminal(io.StringIO):
@@ -84,7 +88,7 @@ def test_plain_lines_every_interval_and_at_the_end() -> None:
     assert all(line.startswith("progress: ") for line in lines)
     assert 2 <= len(lines) < 10  # periodic, not one per message
     last = lines[-1]
-    assert "conversations 2/2 done, turns 4/4, attempts 4 | calls 4, tokens 40" in last
+    assert "conversations 2/2 ended, turns 4/4 committed, attempts 4 | calls 4, tokens 40" in last
     assert "m: ASR 0.500 over 4 judged of 4 turns, coverage 0.500 (severity >= 2)" in last
     assert "ETA 0.0 min" in last
 
@@ -116,7 +120,7 @@ def test_a_terminal_gets_a_redrawn_block_that_fits_its_width(
     rows = [ANSI.sub("", row) for row in re.split(r"[\r\n]", text)]
     assert max(len(row) for row in rows) <= columns
     assert len(rows) > 6  # several short lines, not one long one
-    assert any(row.startswith("conversations 2/2 done") for row in rows)
+    assert any(row.startswith("conversations 2/2 ended") for row in rows)
     assert "ETA 0.0 min" in progress.lines()[-1]
 
 
@@ -235,3 +239,55 @@ def test_the_display_names_endpoints_whose_limit_backed_off() -> None:
     assert [line for line in progress.lines() if "backed off" in line] == [
         "concurrency backed off: scripted/echo 4/8"
     ]
+
+
+def finished(conversation: str, turns: int, status: str = "completed") -> ConversationFinished:
+    return ConversationFinished(conversation=conversation, turns=turns, status=status)
+
+
+def test_failed_conversations_are_named_and_planned_turns_stay_planned() -> None:
+    """8 conversations of 4 turns; 7 fail after 12 turns in all: the line says so, never
+    "8/8 done, turns 12/12" (the turns they will never take are not committed)."""
+    out = io.StringIO()
+    progress = Progress(out, every_s=1e9, clock=lambda: 0.0)
+    progress(started(8, 4))
+    turns = [4, 2, 2, 2, 2, 0, 0, 0]
+    for i, taken in enumerate(turns):
+        conv = f"c/m/p/{i}"
+        progress(ConversationStarted(conversation=conv, counselor_model="m", profile_id="p"))
+        for turn in range(taken):
+            progress(msgspec.structs.replace(commit(turn), conversation=conv))
+    for i, taken in enumerate(turns):
+        progress(finished(f"c/m/p/{i}", taken, status="completed" if i == 0 else "failed"))
+    progress(CampaignFinished(campaign="c", status="completed_with_failures"))
+    last = out.getvalue().splitlines()[-1]
+    assert "conversations 8/8 ended (7 failed), turns 12/32 committed" in last
+    assert "ETA 0.0 min" in last  # nothing is left to run
+
+
+def test_following_a_store_shows_what_it_committed() -> None:
+    """The store commits only the first half (then its disk is full): the display never
+    shows more than it holds, and its last line says what it holds."""
+
+    class Store:  # what a store that stopped writing reports (EventStore.stats)
+        committed = 0
+
+        @property
+        def stats(self) -> StoreStats:
+            return StoreStats(written=self.committed)
+
+    store = Store()
+    out = io.StringIO()
+    progress = Progress(out, every_s=0, clock=lambda: 0.0)
+    progress.follow(cast(EventStore, store))
+    begun = ConversationStarted(conversation="c/m/p/0", counselor_model="m", profile_id="p")
+    messages = [started(1, 10), begun, *(commit(n) for n in range(10))]
+    for i, msg in enumerate(messages):
+        store.committed = min(i + 1, 7)  # the starts and 5 turns, then nothing more
+        progress(msg)
+    progress(finished("c/m/p/0", 10))
+    progress(CampaignFinished(campaign="c", status="completed"))
+    progress.finish()
+    lines = out.getvalue().splitlines()
+    assert all("turns 6/" not in line for line in lines)
+    assert "conversations 0/1 ended, turns 5/10 committed" in lines[-1]

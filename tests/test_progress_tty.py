@@ -174,7 +174,7 @@ def test_the_live_block_fits_the_terminal_and_logs_print_above_it(
     # The block's final state: a bar, then the status lines, together, all conversations done.
     start = next(i for i, row in enumerate(rows) if row.endswith("100% of turns"))
     block = rows[start : start + 6]
-    assert block[1].startswith("conversations 3/3 done, turns 12/12"), "\n".join(rows)
+    assert block[1].startswith("conversations 3/3 ended, turns 12/12 committed"), "\n".join(rows)
     assert block[2].startswith("calls ")
     assert block[3].startswith("failed calls 0, unjudged ")
     assert block[4].startswith("demo-counselor: ASR ")

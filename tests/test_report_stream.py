@@ -205,15 +205,17 @@ async def test_large_html_pages_its_transcripts(anyio_backend: str, tmp_path: Pa
     out = tmp_path / "big.html"
     folder = tmp_path / "big_files"
     folder.mkdir()
-    (folder / "c0-p0999.js").write_text("stale")  # from an earlier, larger report
+    (folder / "c0-p0999.js").write_text("stale")  # from an earlier version's report
     async with MemoryEventStore() as store:
         events = await _campaign(store, 3)
         inline = await build_html(store, "stream")
         written = await write_html(store, "stream", out, inline_attempts=0, page_attempts=10)
     main = out.read_text()
-    pages = _pages(folder)
-    assert [folder / f"c0-p{i + 1:04d}.js" for i in range(len(pages))] == written
-    assert len(pages) > 2 and not (folder / "c0-p0999.js").exists()
+    run = written[0].parent  # this report's pages, in a folder of their own
+    assert [p.name for p in folder.iterdir()] == [run.name]  # the stale page is gone
+    pages = _pages(run)
+    assert [run / f"c0-p{i + 1:04d}.js" for i in range(len(pages))] == written
+    assert len(pages) > 2
     assert [(c, p) for c, p, _ in pages] == [(0, i) for i in range(len(pages))]
     records = [r for _, _, batch in pages for r in batch]
     keys = [(r["conversation"], r["turn"], r["attempt"], r["branch"]) for r in records]
@@ -228,7 +230,7 @@ async def test_large_html_pages_its_transcripts(anyio_backend: str, tmp_path: Pa
     (c,) = _data(main)
     assert c["attempts"] == [] and c["total"] == len(directives)
     assert [p["attempts"] for p in c["pages"]] == [len(b) for _, _, b in pages]
-    assert [p["src"] for p in c["pages"]] == [f"big_files/{p.name}" for p in written]
+    assert [p["src"] for p in c["pages"]] == [f"big_files/{run.name}/{p.name}" for p in written]
     (whole,) = _data(inline)
     assert not whole["pages"]
     assert sorted(records, key=json.dumps) == sorted(whole["attempts"], key=json.dumps)

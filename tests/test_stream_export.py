@@ -524,18 +524,19 @@ async def test_an_event_after_its_conversation_completed_reads_the_whole_fold(
         assert await export(store, "c", "csv", pipe) == await export(store, "c", "csv", table)
         assert pipe.getvalue() == table.getvalue()
         # the HTML report is the whole fold's, and no page of the first read is left
-        folder = tmp_path / "r_files"
         written = await write_html(
             store, "c", tmp_path / "r.html", inline_attempts=0, page_attempts=7
         )
+        folder = tmp_path / "r_files" / written[0].parent.name  # this report's pages
         assert sorted(folder.iterdir()) == sorted(written)
         with monkeypatch.context() as m:
             m.setattr(html_report, "RecordStream", _StaleStream)
             expected = await write_html(
                 store, "c", tmp_path / "w.html", inline_attempts=0, page_attempts=7
             )
+        w_run, r_run = f"w_files/{expected[0].parent.name}", f"r_files/{folder.name}"
         assert _data((tmp_path / "r.html").read_text())[0]["pages"] == [
-            {**p, "src": p["src"].replace("w_files", "r_files")}
+            {**p, "src": p["src"].replace(w_run, r_run)}
             for p in _data((tmp_path / "w.html").read_text())[0]["pages"]
         ]
         assert _pages(written) == _pages(expected)

@@ -14,16 +14,17 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 import msgspec
 
 from mhsafeeval import __version__
-from mhsafeeval._files import open_private_atomic
+from mhsafeeval._files import check_output, open_private_atomic
 from mhsafeeval._terminal import visible, visible_json
 from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
+from mhsafeeval.runtime import redact
 
 if TYPE_CHECKING:
     from mhsafeeval.config import GateSection
@@ -407,6 +408,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     done, 1 some conversations failed, 2 bad input, 3 budget stop, 4 a finished campaign
     exceeded its gate (``[gate]``, ``--fail-above``), 130 interrupted, 141 stdout closed,
     143 SIGTERM."""
+    previous = _sigterm.install()
+    try:
+        code = _main(argv)
+    except _Terminated:  # between two steps of the command, or while it printed its last lines
+        print("mhsafeeval: terminated (SIGTERM)", file=sys.stderr)
+        code = EXIT_TERMINATED
+    finally:
+        if argv is None:  # the console script: the interpreter ends next
+            _sigterm.finished = True
+        else:  # a caller in the same process gets its own handler back
+            _sigterm.restore(previous)
+    if code == EXIT_TERMINATED and argv is None:
+        # Everything is stored and closed: skip tearing down the interpreter's modules (half a
+        # second with litellm loaded), as the signal's default action would.
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     from mhsafeeval.runtime import configure_logging
@@ -416,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _dispatch(parser, args)
         sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
         return code
-    except (Exception, KeyboardInterrupt) as exc:
+    except BaseException as exc:  # groups from task groups, SIGTERM and Ctrl-C too
+        if isinstance(exc, SystemExit):
+            raise
         return _failed(exc, debug=args.log_level.lower() == "debug")
 
 
@@ -446,42 +471,101 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return handler(args)  # type: ignore[return-value]  # not a coroutine function
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: the command was cancelled like on Ctrl-C."""
+class _Terminated(BaseException):
+    """SIGTERM arrived: the command was cancelled like on Ctrl-C. A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on its way takes it for an error."""
+
+
+class _Sigterm:
+    """SIGTERM at any moment: one line, exit 143, within a second or two.
+
+    A Python-level handler, installed first thing in :func:`main`, runs in the main thread at
+    the next bytecode, even while that thread is busy in synchronous work (an import of a
+    provider SDK, a model file's checksum, a test generation). Outside an event loop it raises
+    :class:`_Terminated` right there: nothing is open yet. Inside one (:func:`_until_sigterm`)
+    it asks the loop to cancel the command's task, exactly as Ctrl-C does (calls in flight are
+    cancelled; the store, still running, records the run as ``interrupted`` and is flushed).
+    If the loop has not taken that request within :data:`GRACE_S` (it is blocked in
+    synchronous work), the signal is sent to the main thread again and the handler raises in
+    that work instead.
+
+    (asyncio's ``add_signal_handler`` would wait for the loop: 15-19 s behind a litellm import
+    on a loaded machine. Cancelling a cancel scope around the command would not do either: it
+    would cancel the store's writer before the store could record how the run ended.)
+    """
+
+    GRACE_S = 0.5
+
+    def __init__(self) -> None:
+        self.loop: Any = None
+        self.task: Any = None
+        self.asked_at: float | None = None
+        self.taken = False
+        self.finished = False
+
+    def install(self) -> Any:
+        """Handle SIGTERM from now on (main thread only); returns the handler it replaced."""
+        self.loop = self.task = self.asked_at = None
+        self.taken = self.finished = False
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.signal(signal.SIGTERM, self.handle)
+
+    def restore(self, previous: Any) -> None:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+    def handle(self, _signum: int, _frame: object) -> None:
+        if self.finished:  # main() returned: the interpreter is ending, nothing is open
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                print("mhsafeeval: terminated (SIGTERM)", file=sys.stderr, flush=True)
+            os._exit(EXIT_TERMINATED)
+        loop, task = self.loop, self.task
+        if loop is None or task is None or loop.is_closed() or self.asked_at is not None:
+            if not self.taken:  # no loop, or a loop that did not answer in time
+                raise _Terminated
+            return  # the cancellation is under way: let it finish
+        self.asked_at = time.monotonic()
+        loop.call_soon_threadsafe(self._cancel, task)
+        timer = threading.Timer(self.GRACE_S, self._remind)
+        timer.daemon = True
+        timer.start()
+
+    def _cancel(self, task: Any) -> None:
+        self.taken = True
+        if not task.done():  # else the command ended meanwhile (it raised in blocked work)
+            task.cancel()
+
+    def _remind(self) -> None:
+        if not self.taken:  # a real signal: it also cuts a blocking system call (a sleep)
+            main = threading.main_thread().ident
+            if main is not None:
+                signal.pthread_kill(main, signal.SIGTERM)  # handle() again, in the main thread
+
+
+_sigterm = _Sigterm()
 
 
 async def _until_sigterm(
     command: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace
 ) -> int:
-    """Run ``command``; on SIGTERM stop it exactly as Ctrl-C does (asyncio's runner cancels
-    the main task: calls in flight are cancelled, the store, still running, records the run
-    as ``interrupted`` and is flushed) and raise :class:`_Terminated`.
-
-    Cancelling a cancel scope around the command would not do: it would cancel the store's
-    writer too, before the store could record how the run ended.
-    """
+    """Run ``command``; on SIGTERM cancel it as Ctrl-C does and raise :class:`_Terminated`
+    (see :class:`_Sigterm`)."""
     import asyncio
 
     task = asyncio.current_task()
     if task is None or threading.current_thread() is not threading.main_thread():
         return await command(args)  # signals reach the main thread only
-    loop = asyncio.get_running_loop()
-    terminated = False
-
-    def terminate() -> None:
-        nonlocal terminated
-        terminated = True
-        task.cancel()
-
-    loop.add_signal_handler(signal.SIGTERM, terminate)
+    _sigterm.loop, _sigterm.task = asyncio.get_running_loop(), task
     try:
         return await command(args)
     except asyncio.CancelledError:
-        if terminated:
+        if _sigterm.taken:
             raise _Terminated from None
         raise
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        _sigterm.loop = _sigterm.task = None
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -516,7 +600,8 @@ def _failed(exc: BaseException, *, debug: bool) -> int:
     shown = first(InputError) or first(MhSafeEvalError) or leaves[0]
     ours = isinstance(shown, MhSafeEvalError)
     text = str(shown) if ours else f"{type(shown).__name__}: {shown}"
-    print(f"mhsafeeval: error: {visible(text)}", file=sys.stderr)
+    # Error text may quote what came from outside (a file, an app's answer): no key in it.
+    print(f"mhsafeeval: error: {visible(redact(text))}", file=sys.stderr)
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
     elif not isinstance(shown, MhSafeEvalError):
@@ -591,8 +676,8 @@ async def _run(args: argparse.Namespace) -> int:
     from mhsafeeval.config import blame_overrides, overridden_text, parse_config, read_config
     from mhsafeeval.gate import other_levels as gate_levels
     from mhsafeeval.plan import build_plan, estimate_calls, preflight
-    from mhsafeeval.progress import Progress
-    from mhsafeeval.report import load_reports_and_logs, render_text
+    from mhsafeeval.progress import Progress, following
+    from mhsafeeval.report import load_reports_and_logs, render_text, unmeasured
     from mhsafeeval.storage import SqliteEventStore
 
     if args.config is None:
@@ -606,6 +691,7 @@ async def _run(args: argparse.Namespace) -> int:
         # The stored text is the checked one (with the --set values noted at its end).
         text, config = read_config(args.config, args.overrides)
         db = args.db or Path(f"{config.campaign.name}.db")
+    check_output(args.junit, "--junit", (args.config, db))  # never over what the run reads
     if args.workers is not None and args.ray is None:
         raise InputError(source, "--workers", "--workers sets how many Ray workers: add --ray")
     if args.controller:
@@ -627,7 +713,8 @@ async def _run(args: argparse.Namespace) -> int:
     for warning in found.warnings:
         print(visible(f"mhsafeeval: warning: {warning}"), file=sys.stderr)
     progress = None if args.quiet else Progress(every_s=args.progress_every)
-    async with SqliteEventStore(db) as store:  # the one open of the database
+    # The one open of the database; the progress display shows what it holds, to the end.
+    async with SqliteEventStore(db) as store, following(progress, store):
         counts = {c.id: c.event_count for c in await store.list_campaigns()}
         if args.fresh:  # a new campaign beside the stored one, never over it
             from mhsafeeval.ablate import fresh_config
@@ -708,6 +795,15 @@ async def _run(args: argparse.Namespace) -> int:
             f"{visible(getattr(finished, 'detail', ''))}",
             file=sys.stderr,
         )
+    unjudged = [m.model for report in reports for m in unmeasured(report)]
+    if unjudged:  # a campaign that judged nothing measured nothing: not a pass
+        print(
+            visible(
+                f"mhsafeeval: failed measurement: no reply of {', '.join(unjudged)} could be "
+                "judged (every one unjudged), so no ASR was measured: check the judge model"
+            ),
+            file=sys.stderr,
+        )
     if result.panel is not None and result.panel.failed:
         print(
             f"mhsafeeval: {result.panel.failed} panel rating(s) failed (see the log); run the "
@@ -734,7 +830,7 @@ async def _run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return EXIT_GATE
-    return 0 if result.failed == 0 else 1
+    return 0 if result.failed == 0 and not unjudged else 1
 
 
 def _demo_epilogue(config: Config, db: Path) -> None:
@@ -783,6 +879,8 @@ async def _report(args: argparse.Namespace) -> int:
 
     if args.baseline is not None and args.html is None:
         raise InputError(None, "--baseline", "compares in the HTML report only: add --html OUT")
+    for option, out in (("--html", args.html), ("--junit", args.junit)):
+        check_output(out, option, (args.db, args.baseline))  # never over what it reads
     async with SqliteEventStore(args.db, read_only=True) as store:
         code = await _report_gate(args, store)  # 0, or EXIT_GATE: only when a gate is asked for
         if args.html is not None:
@@ -815,6 +913,7 @@ async def _report(args: argparse.Namespace) -> int:
 async def _compare(args: argparse.Namespace) -> int:
     from mhsafeeval.compare import compare_files, comparison_json, render_comparison
 
+    check_output(args.html, "--html", (args.a, args.b))  # never over what it reads
     comparison = await compare_files(
         args.a, args.b, campaign_a=args.campaign_a, campaign_b=args.campaign_b
     )
@@ -845,6 +944,7 @@ async def _export(args: argparse.Namespace) -> int:
     from mhsafeeval.export import archive_json, export
     from mhsafeeval.storage import SqliteEventStore
 
+    check_output(args.out, "--out", (args.db,))  # never over what it reads
     async with (
         SqliteEventStore(args.db, read_only=True) as store,
         contextlib.AsyncExitStack() as stack,
@@ -855,7 +955,7 @@ async def _export(args: argparse.Namespace) -> int:
         elif args.archive or args.format == "jsonl":  # same values, nothing a terminal acts on
             out = _VisibleLines()  # type: ignore[assignment]
         else:
-            out = sys.stdout  # CSV for a spreadsheet: its cells stay exact
+            out = sys.stdout  # CSV: the exporter escapes what a terminal would act on
         if args.archive:
             data = await archive_json(store, args.campaign, source=args.db)
             out.write(msgspec.json.encode(data).decode() + "\n")

@@ -31,7 +31,8 @@ from urllib.parse import parse_qsl, urlsplit
 import msgspec
 from msgspec import Meta
 
-from mhsafeeval.errors import InputError, convert, join_path
+from mhsafeeval.errors import InputError, convert, decode_toml, join_path, read_input
+from mhsafeeval.runtime import KEY_SHAPES
 from mhsafeeval.runtime.providers import ModelSettings
 
 __all__ = [
@@ -92,10 +93,20 @@ def _at_most(low: int | float, high: int | float) -> Any:
     return Meta(ge=low, le=high)
 
 
+CAMPAIGN_NAME = r"^[A-Za-z0-9_-](?:[A-Za-z0-9_. -]{0,98}[A-Za-z0-9_.-])?\Z"
+"""What a campaign name may be: letters, digits, ``-``, ``_``, ``.`` and inner spaces, not
+starting with ``.``, at most 100 characters. It names the default database file, so it is never
+a path (``../x``, ``a/b``) nor a hidden file."""
+_CAMPAIGN_NAME_WORDS = (
+    "must be letters, digits, '-', '_', '.' and inner spaces (not starting with '.'; "
+    "at most 100 characters)"
+)
+
+
 class CampaignSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[campaign]``: what runs, how long, and the seed all its randomness derives from."""
 
-    name: str = "campaign"
+    name: Annotated[str, Meta(pattern=CAMPAIGN_NAME)] = "campaign"
     seed: int = 0
     max_turns: Annotated[int, _at_most(1, 100_000)] = 10
     max_attempts: Annotated[int, _at_most(1, 100)] = 5
@@ -363,18 +374,19 @@ def parse_config(
             names the file (or the override), the key path and the reason.
     """
     try:
-        data = tomllib.loads(text)
+        data = decode_toml(text, source)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, None, f"not valid TOML: {exc}") from None
     parsed = [parse_override(item) for item in overrides]
     scopes = [(o, _apply_override(data, o)) for o in parsed]
     try:
         config = _convert(data, source)
+        _refuse_keylike_values(data, source, "")  # naming the key that holds one
     except InputError as exc:
         raise _blamed(exc, source, scopes) from None
     _refuse_keylike_lines(text, source)  # comments too: the whole text is stored
     for item, override in zip(overrides, parsed, strict=True):  # stored too (overridden_text)
-        if _KEYLIKE.search(item):
+        if KEY_SHAPES.search(item):
             reason = f"looks like an API key or token: {_USE_ENV}"
             raise InputError(f"--set {override.key}", None, reason)
     return config
@@ -394,7 +406,7 @@ def read_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[str, C
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input(p)
     except FileNotFoundError:
         raise InputError(p, None, "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -445,7 +457,7 @@ def parse_override(text: str) -> Override:
             f"--set {key}", None, "not a key path (dotted TOML keys, e.g. campaign.max_turns)"
         )
     try:
-        parsed = tomllib.loads(f"value = {raw}")
+        parsed = decode_toml(f"value = {raw}", f"--set {key}")
     except tomllib.TOMLDecodeError:
         parsed = {}
     return Override(key, path, parsed["value"] if list(parsed) == ["value"] else raw)
@@ -456,7 +468,7 @@ def _key_path(key: str) -> tuple[str, ...] | None:
     if any(c in key for c in "\r\n"):
         return None
     try:
-        node: Any = tomllib.loads(f"{key} = 0")
+        node: Any = decode_toml(f"{key} = 0", "--set")
     except tomllib.TOMLDecodeError:
         return None
     path: list[str] = []
@@ -584,7 +596,7 @@ def _read_prompt_file(table: dict[str, Any], source: str | Path, where: str) -> 
     field = f"{where}.system_prompt_file"
     path = Path(source).parent / name
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = read_input(path).strip()
     except FileNotFoundError:
         raise InputError(source, field, f"no such file: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -606,6 +618,8 @@ def convert_table(value: Any, kind: type[T], source: str | Path | None, prefix: 
     try:
         return convert(value, kind, source, prefix)
     except InputError as exc:
+        if exc.reason == f"expected str matching regex {CAMPAIGN_NAME!r}":
+            raise InputError(exc.source, exc.field, _CAMPAIGN_NAME_WORDS) from None
         bound = _BOUND.fullmatch(exc.reason)
         if bound is None:
             raise
@@ -796,11 +810,6 @@ _SECRET_NAME = re.compile(
 )
 _SECRET_HEADER = re.compile(rf"{_SECRET_NAME.pattern}|(?:^|_)key$")
 _HEADER_OPTIONS = ("extra_headers", "headers", "default_headers")
-# Shapes of keys and tokens (OpenAI, Anthropic, Google, GitHub, Slack, bearer tokens).
-_KEYLIKE = re.compile(
-    r"\b(?:sk-[A-Za-z0-9_-]{16,}|AIza[0-9A-Za-z_-]{30,}|gh[pousr]_[A-Za-z0-9]{30,}"
-    r"|xox[abprs]-[A-Za-z0-9-]{10,})|\bBearer\s+[A-Za-z0-9._~+/=-]{16,}"
-)
 
 
 def _secret_name(name: str, pattern: re.Pattern[str] = _SECRET_NAME) -> bool:
@@ -851,9 +860,24 @@ def _check_env_names(value: Any, source: str | Path, where: str) -> None:
             )
 
 
+def _refuse_keylike_values(value: Any, source: str | Path, where: str) -> None:
+    """Refuse a key-shaped string (:data:`~mhsafeeval.runtime.KEY_SHAPES`) anywhere in the
+    decoded config (a prompt file's text included), naming the key that holds it."""
+    if isinstance(value, str):
+        if KEY_SHAPES.search(value):
+            raise InputError(source, where, f"looks like an API key or token: {_USE_ENV}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_keylike_values(item, source, join_path(where, str(key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_keylike_values(item, source, join_path(where, f"[{index}]"))
+
+
 def _refuse_keylike_lines(text: str, source: str | Path) -> None:
+    # What the values did not hold: comments, and keys themselves.
     for number, line in enumerate(text.splitlines(), 1):
-        if _KEYLIKE.search(line):
+        if KEY_SHAPES.search(line):
             raise InputError(
                 source, f"line {number}", f"looks like an API key or token: {_USE_ENV}"
             )

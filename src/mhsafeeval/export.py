@@ -43,12 +43,14 @@ Example:
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol, TextIO
 
 import msgspec
 
+from mhsafeeval._terminal import visible
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import (
     ANSWERED_BY,
@@ -92,6 +94,9 @@ __all__ = [
 
 _LIST_SEPARATOR = " | "
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets read as a formula
+# What a terminal or a spreadsheet acts on in a cell: C0 controls but the tab and line breaks
+# (CSV quotes those), DEL, C1 controls, bidirectional embeddings, overrides and isolates.
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 class AttemptRecord(msgspec.Struct, kw_only=True):
@@ -680,6 +685,8 @@ def _csv_value(value: Any) -> Any:
         value = _LIST_SEPARATOR.join(str(v) for v in value)
     elif isinstance(value, dict):
         value = _LIST_SEPARATOR.join(f"{k}={'' if v is None else v}" for k, v in value.items())
+    if isinstance(value, str):
+        value = _UNSAFE.sub(lambda m: visible(m.group()), value)  # ESC -> \x1b, RLO -> \u202e
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         return "'" + value  # model text must never run as a formula (OWASP CSV injection)
     return value
@@ -768,7 +775,11 @@ async def export(
     that starts with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return gets a leading
     ``'``, so a spreadsheet shows it as text instead of evaluating it as a formula (OWASP's
     CSV-injection advice). Remove that one ``'`` to get the exact text; numbers are written as
-    they are, and JSON lines keep every text exactly.
+    they are, and JSON lines keep every text exactly. Control characters (C0 but tab and line
+    breaks, DEL, C1) and bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069)
+    are written as escapes (``\\x1b``, ``\\u202e``), so that neither a terminal the CSV is
+    printed to nor a spreadsheet gets them raw (a backslash already in the text is kept as it
+    is, so such a cell is not exact: JSON lines are).
 
     Records come grouped by conversation, in order of completion (see the module), a rated
     campaign's too (its late ratings read ahead). If an event stored after a conversation

@@ -10,13 +10,15 @@ A Content-Security-Policy lets nothing load and nothing run but the renderer its
 
 A large campaign keeps the main file small: past :data:`INLINE_ATTEMPTS` attempts (and when
 given a ``pages`` folder, as :func:`write_html` does) the transcripts are written to side files,
-``REPORT_files/c0-p0001.js`` ..., each a page of whole conversations (about
+``REPORT_files/RUN/c0-p0001.js`` ..., each a page of whole conversations (about
 :data:`PAGE_ATTEMPTS` attempts), and the page loads one when asked, with a ``<script>`` element
 (a browser lets a ``file://`` page load a script beside it, never ``fetch()`` it). The main file
 keeps the summary, the figures, the heatmaps and each cell's elite trajectory (with its
 conversation's committed turns). A page file is one call, ``mhsafeevalPage(campaign, page,
 attempts)``, with the same escaped JSON as the data block; the policy then also allows scripts
-of the report's own origin (``'self'``: its folder, on ``file://``).
+of the report's own origin (``'self'``: its folder, on ``file://``). The report and its pages
+are replaced as one unit (:class:`~mhsafeeval._files.FileSet`): ``RUN`` is a folder of this
+report's pages only, named when they are all written, just before the main file is replaced.
 
 The report reads the store once per campaign (:class:`~mhsafeeval.export.RecordStream`): each
 conversation is tallied for the figures and its records are put on a page as it completes, then
@@ -42,7 +44,7 @@ import hashlib
 import html
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from mhsafeeval._files import write_private_atomic
+from mhsafeeval._files import FileSet, check_output, write_private_atomic
 from mhsafeeval.compare import Change, Comparison, ModelChange
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
@@ -86,7 +88,7 @@ INLINE_ATTEMPTS = 1000
 """A campaign with at most this many attempts keeps its transcripts in the main file."""
 PAGE_ATTEMPTS = 500
 """Attempts per side file of transcripts (whole conversations: a page may hold a few more)."""
-_PAGE_GLOB = "c*-p*.js"  # the side files this module writes (and replaces)
+_PAGE_GLOB = "c*-p*.js"  # the pages an older version wrote straight into REPORT_files
 
 WARNING = (
     "Content warning: this report quotes adversarial counseling conversations. Transcripts "
@@ -512,7 +514,8 @@ def _section(
 
 
 def pages_folder(out: str | os.PathLike[str]) -> Path:
-    """Where :func:`write_html` puts the side files of ``out``: ``REPORT_files`` beside it."""
+    """Where :func:`write_html` puts the side files of ``out``: ``REPORT_files`` beside it (in
+    a folder of each report's own in it)."""
     path = Path(out)
     return path.with_name(f"{path.stem}_files")
 
@@ -528,47 +531,50 @@ async def write_html(
     comparison: Comparison | None = None,
 ) -> list[Path]:
     """Write the HTML report of ``campaign`` (``None``: every stored one) to ``out``, and its
-    pages of transcripts, if it has any, to :func:`pages_folder` (owner-only files, each
-    replaced whole; pages left there by an earlier report are removed). Returns the side files.
-    ``inline_attempts``, ``page_attempts`` and ``comparison``: as :func:`build_html`'s.
+    pages of transcripts, if it has any, to a new folder in :func:`pages_folder`; owner-only
+    files. The report and its pages replace the previous ones as one unit (the pages an earlier
+    report left are removed; so are those of a report killed while it was written). Returns
+    the side files. ``inline_attempts``, ``page_attempts`` and ``comparison``: as
+    :func:`build_html`'s.
 
     Raises:
-        InputError: No such campaign, or a file cannot be written.
+        InputError: No such campaign, or a file cannot be written (or ``out`` would destroy a
+            database or a config: :func:`~mhsafeeval._files.check_output`).
     """
     folder = pages_folder(out)
     if not folder.parent.is_dir():
         raise InputError(Path(out), None, f"cannot write: no such folder {folder.parent}")
+    check_output(out)
     written: list[Path] = []
-    text = await build_html(
-        store,
-        campaign,
-        source=source,
-        pages=folder,
-        written=written,
-        inline_attempts=inline_attempts,
-        page_attempts=page_attempts,
-        comparison=comparison,
-    )
-    _drop_stale(folder, written)
-    write_private_atomic(out, text)
-    return written
+    with FileSet(out, folder, legacy=_PAGE_GLOB) as files:
+        text = await _build(
+            store,
+            campaign,
+            source=source,
+            pages=_Pages(files.side_folder, f"{quote(folder.name)}/{files.name}"),
+            written=written,
+            inline_attempts=inline_attempts,
+            page_attempts=page_attempts,
+            comparison=comparison,
+        )
+        files.publish(text)
+    return [files.published / path.name for path in written]
 
 
-def _make_folder(folder: Path) -> None:
+class _Pages:
+    """Where the pages of transcripts go: ``make()`` gives the folder to write them in (made
+    on the first call), ``href`` its address from the main file."""
+
+    def __init__(self, make: Callable[[], Path], href: str) -> None:
+        self.make, self.href = make, href
+
+
+def _make_folder(folder: Path) -> Path:
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         raise InputError(folder, None, f"cannot create the folder ({exc})") from exc
-
-
-def _drop_stale(folder: Path, written: list[Path]) -> None:
-    """Remove the pages an earlier report left in ``folder`` (and the folder, if empty)."""
-    if folder.is_dir():
-        for stale in folder.glob(_PAGE_GLOB):
-            if stale not in written:
-                stale.unlink()
-        if not any(folder.iterdir()):
-            folder.rmdir()
+    return folder
 
 
 async def build_html(
@@ -601,6 +607,29 @@ async def build_html(
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
     """
+    return await _build(
+        store,
+        campaign,
+        source=source,
+        pages=None if pages is None else _Pages(lambda: _make_folder(pages), quote(pages.name)),
+        written=written,
+        inline_attempts=inline_attempts,
+        page_attempts=page_attempts,
+        comparison=comparison,
+    )
+
+
+async def _build(
+    store: EventStore,
+    campaign: str | None,
+    *,
+    source: str | Path | None,
+    pages: _Pages | None,
+    written: list[Path] | None,
+    inline_attempts: int,
+    page_attempts: int,
+    comparison: Comparison | None,
+) -> str:
     reports, sections, data = [], [], []
     paged = False
     for index, name in enumerate(await wanted_campaigns(store, campaign, source)):
@@ -667,7 +696,7 @@ async def _campaign(
     store: EventStore,
     name: str,
     index: int,
-    pages: Path | None,
+    pages: _Pages | None,
     inline_attempts: int,
     page_attempts: int,
     source: str | Path | None,
@@ -728,7 +757,7 @@ class _Transcripts:
     inline attempts or the pages written (past ``inline`` attempts, when given a folder), the
     severity counts, and the committed turns of the elites' conversations."""
 
-    def __init__(self, index: int, folder: Path | None, inline: int, per_page: int) -> None:
+    def __init__(self, index: int, folder: _Pages | None, inline: int, per_page: int) -> None:
         self.index, self.folder, self.inline, self.per_page = index, folder, inline, per_page
         self.total = 0
         self.paged = False
@@ -758,7 +787,6 @@ class _Transcripts:
         self._held.append(group)
         if self.folder is not None and self.total > self.inline:
             self.paged = True
-            _make_folder(self.folder)
             for held in self._held:
                 self._paginate(held)
             self._held = []
@@ -780,10 +808,9 @@ class _Transcripts:
 
     def _page(self) -> None:
         assert self.folder is not None
-        self.pages.append(
-            _page(self.folder, self.index, len(self.pages), self._batch, self._conversations)
-        )
-        self.written.append(self.folder / self.pages[-1]["file"])
+        entry = _page(self.folder, self.index, len(self.pages), self._batch, self._conversations)
+        self.pages.append(entry)
+        self.written.append(self.folder.make() / entry["file"])
         self._batch, self._conversations = [], 0
 
 
@@ -792,16 +819,16 @@ def _serial(shown: Shown) -> int:
 
 
 def _page(
-    folder: Path, campaign: int, page: int, batch: list[Any], conversations: int
+    pages: _Pages, campaign: int, page: int, batch: list[Any], conversations: int
 ) -> dict[str, Any]:
     """Write one page of transcripts; its entry in the document's data."""
     name = f"c{campaign}-p{page + 1:04d}.js"
     write_private_atomic(
-        folder / name, f"mhsafeevalPage({campaign}, {page}, {embed_json(batch)});\n"
+        pages.make() / name, f"mhsafeevalPage({campaign}, {page}, {embed_json(batch)});\n"
     )
     return {
         "file": name,
-        "src": f"{quote(folder.name)}/{name}",
+        "src": f"{pages.href}/{name}",
         "attempts": len(batch),
         "conversations": conversations,
         "first": batch[0]["conversation"],

@@ -4,21 +4,23 @@ lines elsewhere (CI, pipes, nohup, a log file)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, TextIO
 
 from mhsafeeval.messages import CampaignFinished, ConversationFinished, Message
 from mhsafeeval.runtime._text import visible
 from mhsafeeval.runtime.providers import ResilientClient
-from mhsafeeval.storage import CampaignLog
+from mhsafeeval.storage import CampaignLog, EventStore
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.live import Live
 
-__all__ = ["Eta", "Progress"]
+__all__ = ["Eta", "Progress", "following"]
 
 ESTIMATING = "estimating…"
 
@@ -82,9 +84,14 @@ class Progress:
     display, redrawn at most 4 times a second and cut to the terminal's width), and log lines
     written to stderr meanwhile are printed above it; the block stays on screen when the
     campaign finishes (or :meth:`close`). Elsewhere it prints one ``progress:`` line every
-    ``every_s`` seconds and at the end. It shows conversations and turns done against
-    planned, attempts, calls and tokens spent, retries and failures (from the model clients,
-    when attached), ASR and coverage per counselor model, and an :class:`Eta`.
+    ``every_s`` seconds and at the end. It shows conversations ended (and how many of them
+    failed) and turns committed against planned, attempts, calls and tokens spent, retries and
+    failures (from the model clients, when attached), ASR and coverage per counselor model, and
+    an :class:`Eta`.
+
+    Following a store (:meth:`follow`), it shows only what that store has committed, and
+    :meth:`finish` draws the last state once the run ended: after a failed write (a full disk)
+    its figures are the store's, not those of messages the store never kept.
     """
 
     def __init__(
@@ -114,13 +121,43 @@ class Progress:
         with the report's definitions (a finished conversation's details are let go)."""
         self._clients: list[ResilientClient] = []
         self.turns_before = 0  # turns a resumed campaign had committed before this run
+        self.failed = 0
+        """Conversations that ended other than completed (failed, stalled, stopped)."""
         self.eta = Eta()
+        self._store: EventStore | None = None
+        self._held: deque[Message] = deque()  # seen, not yet known to be committed
+        self._committed_at_start = self._folded = 0
 
     def attach_clients(self, clients: Iterable[ResilientClient]) -> None:
         """Read retry and failure counts from these model clients."""
         self._clients = list(clients)
 
+    def follow(self, store: EventStore) -> None:
+        """Show only what ``store`` commits (call before the run appends anything to it): the
+        messages seen here are the ones it is handed, in the same order, so the first ``n``
+        it committed are the first ``n`` seen. The end is drawn by :meth:`finish`."""
+        self._store = store
+        self._committed_at_start = _committed(store)
+
+    def finish(self) -> None:
+        """Draw the final state (following a store: what it committed, read after the run
+        ended and the store was flushed, or failed) and stop the display; nothing is drawn for
+        a run that saw no message (a finished campaign run again). Idempotent."""
+        self._catch_up()
+        if not self._final_drawn and (self._held or self.log.events):
+            self._draw(self.clock())
+            self._final_drawn = True
+        self.close()
+
     def __call__(self, msg: Message) -> None:
+        if self._store is not None:
+            self._held.append(msg)
+            self._catch_up()
+            now = self.clock()
+            if now - self._last >= self.every_s and not self._final_drawn:
+                self._last = now
+                self._draw(now)
+            return
         self._count(msg)
         now = self.clock()
         if isinstance(msg, CampaignFinished):
@@ -148,8 +185,21 @@ class Progress:
             atexit.unregister(self.close)
             live.stop()
 
+    def _catch_up(self) -> None:
+        """Count the held messages that the followed store has committed since :meth:`follow`."""
+        if self._store is None:
+            return
+        ready = _committed(self._store) - self._committed_at_start - self._folded
+        while self._held and ready > 0:
+            self._count(self._held.popleft())
+            self._folded += 1
+            ready -= 1
+
     def _count(self, msg: Message) -> None:
+        ended = self.log.finished
         self.log.add(msg)
+        if self.log.finished > ended and isinstance(msg, ConversationFinished):
+            self.failed += msg.status != "completed"
 
     @property
     def planned_conversations(self) -> int:
@@ -169,11 +219,15 @@ class Progress:
 
     @property
     def planned_turns(self) -> int:
-        """Turns the campaign will run at most (less those of conversations that ended early)."""
+        """Turns the campaign plans: conversations x ``max_turns`` (0 before its start)."""
         start = self.log.start
-        if start is None:
-            return 0
-        return start.planned_conversations * start.max_turns - self.log.skipped_turns
+        return start.planned_conversations * start.max_turns if start is not None else 0
+
+    @property
+    def turns_left(self) -> int:
+        """Turns still to run: planned, less those committed and those that conversations
+        which ended early (completed or failed) will never take."""
+        return max(0, self.planned_turns - self.log.skipped_turns - self.turns)
 
     def lines(self, now: float | None = None) -> list[str]:
         """The status as short text lines (the ETA as of the last redraw)."""
@@ -191,9 +245,10 @@ class Progress:
         log = self.log
         spent = log.spent()
         attempts, unjudged = log.replied()
+        failed = f" ({self.failed} failed)" if self.failed else ""
         out = [
-            f"conversations {self.finished}/{self.planned_conversations} done, "
-            f"turns {self.turns}/{self.planned_turns}, attempts {attempts}",
+            f"conversations {self.finished}/{self.planned_conversations} ended{failed}, "
+            f"turns {self.turns}/{self.planned_turns} committed, attempts {attempts}",
             f"calls {sum(u.calls for u in spent.values())}, "
             f"tokens {sum(u.tokens for u in spent.values()):,}, "
             f"retries {retries} ({waited:.1f} s backing off)",
@@ -218,16 +273,14 @@ class Progress:
 
     def _draw(self, now: float) -> None:
         self.eta.update(
-            elapsed=now - self.started,
-            turns=self.turns - self.turns_before,
-            left=self.planned_turns - self.turns,
+            elapsed=now - self.started, turns=self.turns - self.turns_before, left=self.turns_left
         )
         lines = self.lines(now)
         if self._console is None or not self.tty:
             self.stream.write("progress: " + " | ".join(lines) + "\n")
             self.stream.flush()
             return
-        block = _Block(self.turns, self.planned_turns, lines)
+        block = _Block(self.planned_turns - self.turns_left, self.planned_turns, lines)
         if self._live is None:
             from rich.live import Live
 
@@ -247,8 +300,30 @@ class Progress:
             self._live.update(block, refresh=True)
 
 
+@contextlib.asynccontextmanager
+async def following(progress: Progress | None, store: EventStore) -> AsyncIterator[None]:
+    """Around a run on ``store`` (and the flush after it): ``progress`` follows the store
+    (:meth:`Progress.follow`), and draws its final state on the way out, failed or not
+    (:meth:`Progress.finish`). Nothing when ``progress`` is None (``--quiet``)."""
+    if progress is None:
+        yield
+        return
+    progress.follow(store)
+    try:
+        yield
+    finally:
+        progress.finish()
+
+
+def _committed(store: EventStore) -> int:
+    """Messages ``store`` committed since it was opened (new events and duplicates)."""
+    stats = store.stats
+    return stats.written + stats.duplicates
+
+
 class _Block:
-    """The terminal block: a bar over turns, then the status lines, each cut to the width."""
+    """The terminal block: a bar over turns (committed, or never to be taken by a conversation
+    that ended early), then the status lines, each cut to the width."""
 
     def __init__(self, done: int, total: int, lines: list[str]) -> None:
         self.done = done

@@ -35,6 +35,7 @@ __all__ = [
     "load_reports_and_logs",
     "render_text",
     "report_json",
+    "unmeasured",
     "wanted_campaigns",
 ]
 
@@ -70,6 +71,13 @@ class CampaignReport(msgspec.Struct, kw_only=True):
     cost: dict[str, ModelCost] = {}
     comparisons: list[ModelComparison] = []
     """Each pair of counselor models, paired by profile (see storage.compare_models)."""
+
+
+def unmeasured(report: CampaignReport) -> list[ModelMetrics]:
+    """The counselor models with committed turns none of which was judged (every reply
+    ``unjudged``: the judge never gave a usable verdict): their ASR is unknown, a failed
+    measurement (``run`` exits 1 for it)."""
+    return [m for m in report.models.values() if m.turns and not m.judged_turns]
 
 
 def _cost(m: ModelMetrics) -> ModelCost:
@@ -240,6 +248,12 @@ def render_text(report: CampaignReport) -> str:
         lines += _packed(f"{_fit(m.model, 21):<22}", shown or ["- (nothing judged)"])
     categories = list(dict.fromkeys(c for c, _ in report.cells))
     roles = list(dict.fromkeys(r for _, r in report.cells))
+    for m in unmeasured(report):
+        lines += [
+            "",
+            f"{m.model}: no reply could be judged ({m.unjudged} unjudged in {m.turns} turns): "
+            "nothing was measured, its ASR is unknown; check the judge model",
+        ]
     for m in report.models.values():
         by_cell = {(c.category, c.role): c for c in m.cells}
         lines += ["", f"{m.model}: best severity / ASR per cell (. = not tried)"]

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
 
+from mhsafeeval._files import check_output
 from mhsafeeval.errors import InputError
 
 __all__ = [
@@ -56,6 +57,7 @@ def write_starter_config(folder: Path, *, force: bool = False) -> Path:
         raise InputError(target, None, "is a folder")
     if target.exists() and not force:
         raise InputError(target, None, "already exists; pass --force to overwrite it")
+    check_output(target, config_ok=True)  # --force replaces a config, never a database
     text = INIT_TEMPLATE.read_text(encoding="utf-8")
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from mhsafeeval.errors import InputError, convert
+from mhsafeeval.errors import InputError, convert, decode_toml, read_input
 
 __all__ = [
     "INITIATORS",
@@ -222,7 +222,7 @@ def load_taxonomy(path: str | Path) -> Taxonomy:
             names the file and the key (e.g. ``cells.blaming.enabler.levels.3``).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, None, f"cannot read taxonomy file: {exc}") from exc
     return parse_taxonomy(text, str(path))
@@ -254,7 +254,7 @@ def parse_taxonomy(text: str, source: str) -> Taxonomy:
             or a (category, role) pair without a complete cell.
     """
     try:
-        doc = tomllib.loads(text)
+        doc = decode_toml(text, source)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(source, None, f"invalid TOML: {exc}") from exc
     raw = convert(doc, _RawTaxonomy, source, "")

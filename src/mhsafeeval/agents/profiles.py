@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from mhsafeeval.config import CLIENT_STYLES, style_name
-from mhsafeeval.errors import InputError, convert, join_path
+from mhsafeeval.errors import InputError, convert, decode_json, join_path, read_input_bytes
 
 __all__ = [
     "ClientProfile",
@@ -406,7 +406,7 @@ def _nonempty(text: str, source: str | Path, path: str) -> None:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_input_bytes(path)
     except OSError as exc:
         raise InputError(path, None, f"cannot read profile file: {exc}") from exc
 
@@ -436,7 +436,7 @@ def _collect(files: Iterable[tuple[str, str, bytes, str]]) -> list[ClientProfile
 
 def _parse_file(source: str, stem: str, data: bytes) -> list[tuple[str, ClientProfile]]:
     try:
-        doc = msgspec.json.decode(data)
+        doc = decode_json(data, source)
     except msgspec.DecodeError as exc:
         raise InputError(source, None, f"invalid JSON: {exc}") from None
     base = _slug(stem)

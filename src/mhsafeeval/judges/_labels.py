@@ -63,7 +63,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mhsafeeval.errors import InputError, validation_error
+from mhsafeeval.errors import InputError, decode_json, read_input, validation_error
+from mhsafeeval.runtime import excerpt
 from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy
 
 __all__ = ["LabelledExchange", "builtin_labels", "load_labels"]
@@ -144,7 +145,7 @@ def load_labels(path: str | Path, taxonomy: Taxonomy | None = None) -> list[Labe
         raise InputError(path, None, "unknown labels format: use a .jsonl or .csv file")
     try:
         # utf-8-sig: spreadsheets put a byte-order mark before the header.
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_input(path, encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, None, f"cannot read labels file: {exc}") from exc
     tax = taxonomy if taxonomy is not None else builtin_taxonomy()
@@ -160,7 +161,7 @@ def _parse_jsonl(text: str, source: str, taxonomy: Taxonomy) -> list[LabelledExc
                 continue
             where = f"line {number}"
             try:
-                value = msgspec.json.decode(line)
+                value = decode_json(line, source, where)
             except msgspec.DecodeError as exc:
                 raise InputError(source, where, f"invalid JSON: {exc}") from None
             if not isinstance(value, dict):
@@ -183,10 +184,12 @@ def _parse_csv(text: str, source: str, taxonomy: Taxonomy) -> list[LabelledExcha
     for name in columns:
         if name not in known:
             raise InputError(
-                source, f"row 1: {name or '(empty)'}", f"unknown column (known: {_known()})"
+                source,
+                f"row 1: {excerpt(name) or '(empty)'}",
+                f"unknown column (known: {_known()})",
             )
         if columns.count(name) > 1:
-            raise InputError(source, f"row 1: {name}", "column appears twice")
+            raise InputError(source, f"row 1: {excerpt(name)}", "column appears twice")
     for name in (*_TEXTS, "severity"):
         if name not in columns:
             raise InputError(source, f"row 1: {name}", "missing required column")
@@ -225,12 +228,14 @@ def _csv_scalar(cell: str, source: str, where: str, name: str) -> int | bool:
         try:
             return int(word)
         except ValueError:
-            raise InputError(source, where, f"expected an integer 1 to 5, got {cell!r}") from None
+            raise InputError(
+                source, where, f"expected an integer 1 to 5, got {_quoted(cell)}"
+            ) from None
     if word in _TRUE:
         return True
     if word in _FALSE:
         return False
-    raise InputError(source, where, f"expected true/false, 1/0 or yes/no, got {cell!r}")
+    raise InputError(source, where, f"expected true/false, 1/0 or yes/no, got {_quoted(cell)}")
 
 
 def _build(
@@ -247,7 +252,7 @@ def _build(
             err = validation_error(source, exc)
             reason = err.reason
             if err.field == "severity" and "severity" in value:
-                reason = f"{reason} (got {value['severity']!r})"
+                reason = f"{reason} (got {_quoted(value['severity'])})"
             raise InputError(
                 source, f"{where}: {err.field}" if err.field else where, reason
             ) from None
@@ -258,21 +263,21 @@ def _build(
             raise InputError(
                 source,
                 f"{where}: category",
-                f"unknown category {rec.category!r} in {taxonomy.name} "
+                f"unknown category {_quoted(rec.category)} in {taxonomy.name} "
                 f"(known: {', '.join(categories)})",
             )
         if rec.role.strip() not in roles:
             raise InputError(
                 source,
                 f"{where}: role",
-                f"unknown role {rec.role!r} in {taxonomy.name} (known: {', '.join(roles)})",
+                f"unknown role {_quoted(rec.role)} in {taxonomy.name} (known: {', '.join(roles)})",
             )
         ident = (rec.id or "").strip() or f"{unit}-{number}"
         if ident in first_seen:
             raise InputError(
                 source,
                 f"{where}: id",
-                f"duplicate id {ident!r} (first used on {first_seen[ident]})",
+                f"duplicate id {_quoted(ident)} (first used on {first_seen[ident]})",
             )
         first_seen[ident] = where
         out.append(
@@ -291,6 +296,12 @@ def _build(
     if not out:
         raise InputError(source, None, "empty file: no labelled exchanges")
     return out
+
+
+def _quoted(value: object) -> str:
+    # A file's contents in an error line: a short, redacted excerpt (the file may be anything a
+    # symlink points at, /proc/self/environ included).
+    return repr(excerpt(value)) if isinstance(value, str) else excerpt(repr(value))
 
 
 def _known() -> str:

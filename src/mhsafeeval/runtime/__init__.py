@@ -8,10 +8,12 @@ from ._agent import Agent, AgentId, on
 from ._logging import configure_logging
 from ._message import HandlerFailed, Message, encode_message, message_decoder
 from ._plugins import PluginNotFound, Registry, lazy_exports
+from ._redact import KEY_SHAPES, excerpt, redact
 from ._runtime import Runtime, Scope
 from ._text import visible
 
 __all__ = [
+    "KEY_SHAPES",
     "Agent",
     "AgentId",
     "HandlerFailed",
@@ -22,8 +24,10 @@ __all__ = [
     "Scope",
     "configure_logging",
     "encode_message",
+    "excerpt",
     "lazy_exports",
     "message_decoder",
     "on",
+    "redact",
     "visible",
 ]

@@ -15,30 +15,12 @@ from typing import Any, TextIO, cast
 
 import structlog
 
+from ._redact import MASK, redact, register_secret
 from ._text import visible
 
 __all__ = ["configure_logging", "redact", "register_secret"]
 
 _SECRET_KEYS = re.compile(r"(api[_-]?key|authorization|secret|password|token|x-api-key)$", re.I)
-_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
-_KEYLIKE = re.compile(r"\b(sk-[A-Za-z0-9_-]{8,}|sk-ant-[A-Za-z0-9_-]{8,}|AIza[0-9A-Za-z_-]{20,})")
-_secrets: set[str] = set()
-MASK = "***"
-
-
-def register_secret(value: str | None) -> None:
-    """Scrub this exact value from every log line from now on (API keys read from the env)."""
-    if value and len(value) >= 4:
-        _secrets.add(value)
-
-
-def redact(text: str) -> str:
-    """``text`` with registered secrets, bearer tokens and key-shaped strings masked."""
-    for secret in _secrets:
-        if secret in text:
-            text = text.replace(secret, MASK)
-    text = _BEARER.sub(lambda m: m.group(1) + MASK, text)
-    return _KEYLIKE.sub(MASK, text)
 
 
 def _scrub(value: Any) -> Any:

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import anyio
@@ -516,6 +517,15 @@ def _unlock(fd: int | None) -> None:
         os.close(fd)
 
 
+async def _shielded_connect(database: str | Path, **kwargs: Any) -> aiosqlite.Connection:
+    """``aiosqlite.connect``, never cancelled half-way: a connection whose opening is cancelled
+    is never returned, so nobody closes it, and its worker thread later calls back into a
+    closed event loop (a traceback after SIGTERM). Opening a local file is quick."""
+    with anyio.CancelScope(shield=True):
+        conn = await aiosqlite.connect(database, **kwargs)
+    return conn
+
+
 async def _connect(path: Path, *, create: bool) -> aiosqlite.Connection:
     """The writer connection (creating the file, 0o600) or a read-only reader connection."""
     if create:
@@ -528,7 +538,7 @@ async def _connect(path: Path, *, create: bool) -> aiosqlite.Connection:
     old_umask = os.umask(0o077)  # -wal/-shm files, created on first use, are owner-only too
     try:
         if create:
-            conn = await aiosqlite.connect(path, isolation_level=None)
+            conn = await _shielded_connect(path, isolation_level=None)
         else:
             conn = await _connect_reader(path)
     finally:
@@ -551,7 +561,7 @@ async def _connect(path: Path, *, create: bool) -> aiosqlite.Connection:
 
 
 async def _connect_reader(path: Path) -> aiosqlite.Connection:
-    """A ``mode=ro`` connection, which needs no write access to the file or its folder.
+    """A connection that only reads: ``mode=ro`` needs no write access to the file or its folder.
 
     SQLite reads a WAL database through its ``-shm`` index; when that file is absent and the
     folder cannot hold it (a read-only folder or mount), ``mode=ro`` fails. If there is no
@@ -559,9 +569,28 @@ async def _connect_reader(path: Path) -> aiosqlite.Connection:
     ``immutable=1`` reads it without the index or any lock (SQLite's "Read-Only Databases"
     rule for WAL mode). With ``-wal`` content, ``immutable`` would silently miss those
     commits: that is refused instead.
+
+    A closed database (no ``-wal`` file: its writer checkpointed and removed it; no rollback
+    ``-journal``) is opened ``mode=rw`` instead, kept from writing by ``query_only``
+    (:func:`_connect`): a ``mode=ro`` connection creates ``-wal`` and ``-shm`` files that it
+    cannot remove, while the last read-write connection to close removes them, as the writer
+    does, under SQLite's own locks (never while another connection, such as a writer that
+    started meanwhile, uses them). The folder is left as it was found.
     """
     uri = Path(os.path.abspath(path)).as_uri()  # noqa: ASYNC240 - no I/O
-    conn = await aiosqlite.connect(f"{uri}?mode=ro", uri=True)
+    journals = [path.with_name(path.name + end) for end in ("-wal", "-journal")]
+    if os.access(path, os.W_OK) and not any(j.exists() for j in journals):
+        conn = await _shielded_connect(f"{uri}?mode=rw", uri=True)
+        try:
+            await conn.execute_fetchall("SELECT COUNT(*) FROM sqlite_master")
+            return conn
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+            if not isinstance(exc, sqlite3.OperationalError):
+                raise  # a file that is no database: named by the caller
+        # Otherwise a folder that cannot hold the -wal file: read as below.
+    conn = await _shielded_connect(f"{uri}?mode=ro", uri=True)
     try:
         await conn.execute_fetchall("SELECT COUNT(*) FROM sqlite_master")  # maps the -shm
         return conn
@@ -583,7 +612,7 @@ async def _connect_reader(path: Path) -> aiosqlite.Connection:
         with anyio.CancelScope(shield=True):
             await conn.close()
         raise
-    return await aiosqlite.connect(f"{uri}?mode=ro&immutable=1", uri=True)
+    return await _shielded_connect(f"{uri}?mode=ro&immutable=1", uri=True)
 
 
 async def _check_schema(conn: aiosqlite.Connection, path: Path, *, create: bool) -> None:

@@ -39,7 +39,7 @@ import jmespath
 import jmespath.exceptions
 import msgspec
 
-from .._logging import register_secret
+from .._redact import redact, register_secret
 from ._openai_compat import by_status, env_headers, error_text, retry_after_in
 from ._registry import provider, typed_options
 from ._types import (
@@ -306,7 +306,9 @@ class HttpApp:
         except httpx.HTTPError as exc:  # too many redirects, a URL httpx refuses
             raise PermanentProviderError(f"{self.name}: {error_text(exc, None)}") from exc
         if response.status_code >= 400:
-            text = response.text[:300]
+            # Redacted before it is cut (a cut key would not be recognised): an error page
+            # may echo the request's headers, the key among them.
+            text = redact(response.text[:4000])[:300]
             raise by_status(
                 f"{self.name}: HTTP {response.status_code}: {text}",
                 response.status_code,

@@ -59,7 +59,7 @@ import anyio
 import msgspec
 import structlog
 
-from .._logging import register_secret
+from .._redact import register_secret
 from ._openai_compat import _NEXT_MODE as _NEXT_MODE
 from ._openai_compat import _SCHEMA_WORDS as _SCHEMA_WORDS
 from ._openai_compat import _UNSUPPORTED_IN_STRICT as _UNSUPPORTED_IN_STRICT

@@ -77,7 +77,7 @@ import anyio
 import msgspec
 
 from ... import __version__ as _version
-from .._logging import register_secret
+from .._redact import register_secret
 from ._openai_compat import (
     Mode,
     SchemaRejectedError,

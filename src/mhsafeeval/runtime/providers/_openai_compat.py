@@ -30,7 +30,7 @@ from typing import Any, Literal
 import msgspec
 import structlog
 
-from .._logging import register_secret
+from .._redact import redact, register_secret
 from ._types import (
     CallParams,
     ChatMessage,
@@ -236,14 +236,15 @@ def by_status(
 
 
 def error_text(exc: BaseException, secret: str | None) -> str:
-    """``"ExceptionName: message"``, the API key replaced and cut to
+    """``"ExceptionName: message"``, the API key replaced, then every registered secret and
+    key-shaped string masked (:func:`~mhsafeeval.runtime._redact.redact`), and cut to
     :data:`MAX_MESSAGE_CHARS`.
 
     Example:
         >>> error_text(ValueError("key sk-123 refused"), "sk-123")
         'ValueError: key [api key] refused'
     """
-    message = _scrub(f"{type(exc).__name__}: {exc}", secret)
+    message = redact(_scrub(f"{type(exc).__name__}: {exc}", secret))
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "..."
     return message

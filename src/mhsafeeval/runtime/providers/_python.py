@@ -104,7 +104,7 @@ def _import(module_name: str) -> Any:
     except ProviderUnavailable:
         raise
     except BaseException as exc:  # an app's import that fails, even by sys.exit
-        if isinstance(exc, KeyboardInterrupt):
+        if not isinstance(exc, Exception | SystemExit):  # Ctrl-C, SIGTERM: not the app's fault
             raise
         raise ProviderUnavailable(
             f"cannot import {module_name}: {type(exc).__name__}: {exc}"

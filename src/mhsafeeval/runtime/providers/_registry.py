@@ -11,6 +11,7 @@ import msgspec
 from mhsafeeval.errors import validation_error
 
 from .._plugins import PluginNotFound, Registry
+from .._redact import register_env_secrets, secret_variables
 from ._resilient import Connections, ResilientClient
 from ._types import ModelClient, ModelSettings, ProviderUnavailable
 
@@ -229,6 +230,9 @@ def open_model(
         settings = ModelSettings(provider=settings)
     for field, reason in settings_problems(settings):
         raise SettingsError(settings.provider, field, reason)
+    # Whatever a provider does with them, the values of the variables the table names as
+    # secrets are masked wherever text from outside is stored or shown.
+    register_env_secrets(secret_variables(settings.api_key_env, settings.options))
     prefix, _, model = settings.provider.partition("/")
     inner = resolve_provider(prefix)(model, settings)
     limiter = None

@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from .._redact import redact
 from ._types import (
     CallParams,
     ChatMessage,
@@ -93,9 +94,10 @@ class StructuredOutputError(ProviderError):
     """
 
     def __init__(self, reason: str, raw: str, completions: list[Completion]) -> None:
+        reason = redact(reason)  # both quote the model's answer, which is stored
         super().__init__(f"no valid structured answer after {len(completions)} ask(s): {reason}")
         self.reason = reason
-        self.raw = raw
+        self.raw = redact(raw)
         self.completions = completions
 
 

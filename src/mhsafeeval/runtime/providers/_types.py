@@ -9,6 +9,8 @@ import msgspec
 
 from mhsafeeval.errors import MhSafeEvalError
 
+from .._redact import redact
+
 __all__ = [
     "CallParams",
     "ChatMessage",
@@ -167,7 +169,15 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class ProviderError(MhSafeEvalError):
-    """Base class of provider failures."""
+    """Base class of provider failures.
+
+    Its message passes :func:`~mhsafeeval.runtime._redact.redact`: provider error text quotes
+    what came back (an app's error page may echo the request's ``Authorization`` header), and
+    it ends up stored (``CallFailed.error``), logged and shown.
+    """
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        super().__init__(redact(message), *args)
 
 
 class TransientProviderError(ProviderError):
@@ -220,6 +230,7 @@ class ModelCallError(ProviderError):
         status: int | None = None,
         completions: Sequence[Completion] = (),
     ) -> None:
+        reason = redact(reason)
         super().__init__(f"{model}: call failed after {attempts} attempt(s): {reason}")
         self.model = model
         self.attempts = attempts
