@@ -158,6 +158,26 @@ def test_an_ordinary_earlier_output_is_still_replaced(
     assert (here / "r.xml").read_text().startswith("<?xml")
 
 
+def test_a_stream_is_written_into_never_replaced(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` naming a named pipe (as /dev/null or /dev/stdout are streams) gets the
+    export written into it; the atomic replace would have put a regular file in its place
+    (as root, over /dev/null for every program on the machine)."""
+    import stat
+    import threading
+
+    fifo = here / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["export", "d.db", "--out", str(fifo)]) == 0, capsys.readouterr().err
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert received and received[0].startswith(b"{") and received[0].count(b"\n") > 3
+
+
 # -- the HTML report and its pages are one unit --------------------------------------------
 
 STEPS = ("mkdir", "rename", "replace", "fsync", "unlink", "rmdir")

@@ -106,6 +106,15 @@ def open_private_atomic(path: str | os.PathLike[str]) -> Iterator[TextIO]:
     if not folder.is_dir():
         raise InputError(shown, None, f"cannot write: no such folder {folder}")
     check_output(shown)
+    if target.exists() and not target.is_file():
+        # /dev/null, /dev/stdout, a named pipe: a stream to write into, never a file to
+        # replace (as root, a rename over /dev/null would put a regular file in its place).
+        try:
+            with open(target, "w", encoding="utf-8", newline="") as stream:
+                yield stream
+        except OSError as exc:
+            raise InputError(shown, None, f"cannot write ({_why(exc)})") from exc
+        return
     try:
         temp, fd = _claim(folder, target.name, directory=False)
     except OSError as exc:
