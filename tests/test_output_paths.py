@@ -158,6 +158,16 @@ def test_an_ordinary_earlier_output_is_still_replaced(
     assert (here / "r.xml").read_text().startswith("<?xml")
 
 
+def test_two_outputs_of_one_command_on_one_path_are_refused(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(here)
+    assert main(["report", "d.db", "--html", "r.out", "--junit", "./sub/../r.out"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mhsafeeval: error: --junit sub/../r.out: is the --html file"), err
+    assert snapshot(here) == before
+
+
 def test_a_stream_is_written_into_never_replaced(
     here: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,6 +35,7 @@ from mhsafeeval.errors import InputError
 __all__ = [
     "SQLITE_HEADER",
     "FileSet",
+    "check_distinct",
     "check_output",
     "open_private_atomic",
     "write_private_atomic",
@@ -137,6 +138,27 @@ def open_private_atomic(path: str | os.PathLike[str]) -> Iterator[TextIO]:
         os.close(fd)
     _sync_folder(folder)
     _remove_dead(folder, target.name)
+
+
+def check_distinct(*outputs: tuple[str, str | os.PathLike[str] | None]) -> None:
+    """Refuse two outputs of one command on one path: the second would overwrite the first.
+
+    Args:
+        outputs: ``(option, path)`` pairs; a path of None is an option not given.
+
+    Raises:
+        InputError: naming the second option, its path and the first option.
+    """
+    seen: dict[str, str] = {}
+    for option, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise InputError(
+                f"{option} {path}", None, f"is the {seen[real]} file too: name another file"
+            )
+        seen[real] = option
 
 
 def check_output(

@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from mhsafeeval import __version__
-from mhsafeeval._files import check_output, open_private_atomic
+from mhsafeeval._files import check_distinct, check_output, open_private_atomic
 from mhsafeeval._terminal import visible, visible_json
 from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
@@ -881,6 +881,7 @@ async def _report(args: argparse.Namespace) -> int:
         raise InputError(None, "--baseline", "compares in the HTML report only: add --html OUT")
     for option, out in (("--html", args.html), ("--junit", args.junit)):
         check_output(out, option, (args.db, args.baseline))  # never over what it reads
+    check_distinct(("--html", args.html), ("--junit", args.junit))
     async with SqliteEventStore(args.db, read_only=True) as store:
         code = await _report_gate(args, store)  # 0, or EXIT_GATE: only when a gate is asked for
         if args.html is not None:
