@@ -17,6 +17,7 @@ in the cache folder per model file, llama.cpp build, CPU and setting, so it is p
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -80,6 +81,7 @@ def _llama_folder() -> Path | None:
     return Path(folders[0]) if folders else None
 
 
+@functools.cache  # a process sees one build: asked at every open of a local model
 def build_id() -> str:
     """llama-cpp-python's version and its native libraries (name, size, mtime): a rebuild or
     reinstall changes it, even at the same version."""
@@ -105,15 +107,16 @@ def llama_version() -> str:
         return "unknown"
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
-                    return set(line.partition(":")[2].split())
+                    return frozenset(line.partition(":")[2].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def cpu_has_amx() -> bool:
