@@ -256,3 +256,22 @@ def test_the_custom_graph_example_killed_at_several_points_resumes_exactly(
     assert types["example.question"] == types["example.answer"] == 12
     assert types["example.accepted"] + types["example.flagged"] == 12
     assert types["conversation.finished"] == 4 and types["campaign.finished"] == 1
+
+
+def test_two_nodes_of_one_name_are_one_clear_error_at_construction() -> None:
+    """Two ``Node.of(Worker)`` (two judges of one class, say) share the default name: the
+    graph says so when it is built, naming the fix, instead of a nested exception group when
+    the run registers the second agent."""
+    with pytest.raises(InputError, match=r"two nodes are named 'worker'") as caught:
+        Graph(
+            campaign="g",
+            nodes=[Node.of(Starter), Node.of(Worker), Node.of(Worker)],
+            conversations=[Begin(campaign="g", conversation="c0")],
+        )
+    assert caught.value.field == "nodes[2].name"
+    assert "name=" in str(caught.value) and "\n" not in str(caught.value)
+    Graph(  # named apart, they are two nodes
+        campaign="g",
+        nodes=[Node.of(Starter), Node.of(Worker, name="a"), Node.of(Worker, name="b")],
+        conversations=[Begin(campaign="g", conversation="c0")],
+    )

@@ -195,6 +195,19 @@ class Graph:
     settled: tuple[type[Message], ...] = ()
     services: Sequence[Service] = field(default=())
 
+    def __post_init__(self) -> None:
+        seen: dict[str, int] = {}
+        for index, node in enumerate(self.nodes):
+            if node.name in seen:  # the runtime registers agents by name
+                raise InputError(
+                    "<graph>",
+                    f"nodes[{index}].name",
+                    f"two nodes are named {node.name!r} (nodes {seen[node.name]} and {index}; "
+                    "Node.of names a node after its class): give each its own, "
+                    "Node.of(..., name=...)",
+                )
+            seen[node.name] = index
+
     def check_stored(self, stored_config: str) -> None:
         """Raise if a stored campaign of this name cannot be resumed with this graph."""
         (self.accepts or same_config(self.config, self.campaign))(stored_config)
