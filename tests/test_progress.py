@@ -291,3 +291,19 @@ def test_following_a_store_shows_what_it_committed() -> None:
     lines = out.getvalue().splitlines()
     assert all("turns 6/" not in line for line in lines)
     assert "conversations 0/1 ended, turns 5/10 committed" in lines[-1]
+
+
+def test_following_a_store_shows_the_plan_before_it_is_committed() -> None:
+    """The first line comes before the store's first commit: the totals are the plan's,
+    never ``0/0``."""
+
+    class Store:
+        @property
+        def stats(self) -> StoreStats:
+            return StoreStats(written=0)  # nothing committed yet
+
+    out = io.StringIO()
+    progress = Progress(out, every_s=0, clock=lambda: 0.0)
+    progress.follow(cast(EventStore, Store()))
+    progress(started(3, 4))
+    assert "conversations 0/3 ended, turns 0/12 committed" in out.getvalue().splitlines()[0]

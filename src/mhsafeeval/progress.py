@@ -11,7 +11,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, TextIO
 
-from mhsafeeval.messages import CampaignFinished, ConversationFinished, Message
+from mhsafeeval.messages import (
+    CampaignFinished,
+    CampaignStarted,
+    ConversationFinished,
+    Message,
+)
 from mhsafeeval.runtime._text import visible
 from mhsafeeval.runtime.providers import ResilientClient
 from mhsafeeval.storage import CampaignLog, EventStore
@@ -127,6 +132,7 @@ class Progress:
         self._store: EventStore | None = None
         self._held: deque[Message] = deque()  # seen, not yet known to be committed
         self._committed_at_start = self._folded = 0
+        self._plan: CampaignStarted | None = None  # seen, maybe not committed yet: the totals
 
     def attach_clients(self, clients: Iterable[ResilientClient]) -> None:
         """Read retry and failure counts from these model clients."""
@@ -151,6 +157,8 @@ class Progress:
 
     def __call__(self, msg: Message) -> None:
         if self._store is not None:
+            if isinstance(msg, CampaignStarted):  # planned totals: shown before it is committed
+                self._plan = msg
             self._held.append(msg)
             self._catch_up()
             now = self.clock()
@@ -204,7 +212,7 @@ class Progress:
     @property
     def planned_conversations(self) -> int:
         """Conversations the campaign plans (0 before its start is seen)."""
-        start = self.log.start
+        start = self.log.start or self._plan
         return start.planned_conversations if start is not None else 0
 
     @property
@@ -220,7 +228,7 @@ class Progress:
     @property
     def planned_turns(self) -> int:
         """Turns the campaign plans: conversations x ``max_turns`` (0 before its start)."""
-        start = self.log.start
+        start = self.log.start or self._plan
         return start.planned_conversations * start.max_turns if start is not None else 0
 
     @property
