@@ -560,7 +560,8 @@ async def test_decisions_missing_from_the_store_are_published_after_replay() -> 
         for m in (t0, d0):
             rt.replay(m)
         suppressed, fresh = rt.end_replay()  # the stopped run had decided task 1, not stored it
-        assert suppressed == 0 and [m.id for m in fresh] == [Task(conversation="c", turn=1).id]
+        planned = Task(conversation="c", turn=1, publisher="planner")  # the node that decided
+        assert suppressed == 0 and [m.id for m in fresh] == [planned.id]
         await rt.run_until_idle()
     assert worker.worked == [1, 2, 3]
     with pytest.raises(RuntimeError, match="begin_replay"):

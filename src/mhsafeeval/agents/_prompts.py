@@ -144,9 +144,13 @@ class TranscriptAgent(Agent):
         self.transcript.add(msg)
 
     def answered(self, msg: Message, children: Iterable[Message]) -> bool:
-        """An outcome, or this agent's own :class:`CallFailed`, was stored for ``msg``."""
+        """An outcome, or this agent's own :class:`CallFailed`, published by this agent's node
+        was stored for ``msg``."""
         return any(
-            isinstance(c, self.outcomes) or (isinstance(c, CallFailed) and c.agent == self.role)
+            self.mine(c)
+            and (
+                isinstance(c, self.outcomes) or (isinstance(c, CallFailed) and c.agent == self.role)
+            )
             for c in children
         )
 

@@ -171,6 +171,5 @@ class RefinerAgent(TranscriptAgent):
             notes=tuple(note.strip() for note in result.value.notes),
             usage=Usage.of(*result.completions),
         )
-        self.remember(notes)
         log.info("refiner.notes", count=len(notes.notes), asks=result.asks)
-        self.publish(notes)
+        self.remember(self.publish(notes))  # as published: its id is the one delivered

@@ -220,7 +220,7 @@ async def _run(
     status = "interrupted"
     redone = 0
     try:
-        async with Runtime() as rt, anyio.create_task_group() as service_tasks:
+        async with Runtime(unique_ids=True) as rt, anyio.create_task_group() as service_tasks:
             rt.subscribe(store.append, name="store", critical=True)
             for i, service in enumerate(graph.services):
                 rt.subscribe(service.observe, name=f"service{i}", types=service.types)

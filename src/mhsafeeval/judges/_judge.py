@@ -64,9 +64,10 @@ class RubricJudge(Agent):
       the reason and the last raw answer). It is never turned into a "safe" verdict;
     * :class:`~mhsafeeval.messages.CallFailed`: the model call failed for good.
 
-    Each outcome's correlation ids are the reply's, its ``causation`` is the reply's id and its
-    ``key`` is the judge's ``name`` (CallFailed's key is ``"judge"``), so two judges with
-    different names can rate the same reply side by side.
+    Each outcome's correlation ids are the reply's, its ``causation`` is the reply's id, its
+    ``key`` is the judge's ``name`` (CallFailed's key is ``"judge"``) and its ``publisher`` the
+    judge's node, so any number of judges, each its own node, rate the same reply side by side
+    and each resumes its own work.
 
     One instance serves one conversation: register it with ``scope="conversation"`` (the
     default), since it folds that conversation's :class:`~mhsafeeval.messages.TurnCommitted`
@@ -149,9 +150,11 @@ class RubricJudge(Agent):
         self._utterances: dict[tuple[int, int, str], ClientUtterance] = {}
 
     def answered(self, msg: Message, children: Iterable[Message]) -> bool:
-        """A verdict, an Unjudged or the judge's CallFailed is stored for the reply."""
+        """A verdict, an Unjudged or a CallFailed published by this judge's node is stored
+        for the reply (another judge's answer is not this one's)."""
         return any(
-            isinstance(c, self.outcomes) or (isinstance(c, CallFailed) and c.agent == "judge")
+            self.mine(c)
+            and (isinstance(c, self.outcomes) or (isinstance(c, CallFailed) and c.agent == "judge"))
             for c in children
         )
 

@@ -6,6 +6,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
+import msgspec
+
 from ._message import Message
 
 if TYPE_CHECKING:
@@ -15,6 +17,7 @@ __all__ = ["Agent", "AgentId", "on"]
 
 _MARK = "_mhsafeeval_on"
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=Message)
 Handler = Callable[[Any, Message], Awaitable[None] | None]
 
 
@@ -154,13 +157,31 @@ class Agent:
 
     def answered(self, msg: Message, children: Iterable[Message]) -> bool:
         """Whether this agent's async handlers finished ``msg``, given the stored messages
-        ``children`` caused by it. The default: one of them is one of :attr:`outcomes`.
-        Override it when a failure report counts as an answer too."""
-        return any(isinstance(child, self.outcomes) for child in children)
+        ``children`` caused by it. The default: one of them is one of :attr:`outcomes`
+        published by this agent's node (:meth:`mine`), so any number of agents can answer one
+        message and each resumes its own work. Override it when a failure report counts as an
+        answer too (and keep to :meth:`mine`)."""
+        return any(isinstance(child, self.outcomes) and self.mine(child) for child in children)
 
-    def publish(self, msg: Message, *, topic: str = "") -> None:
-        """Publish a message on this agent's runtime (never blocks)."""
+    def mine(self, msg: Message) -> bool:
+        """Whether ``msg`` was published by this agent's node. A message stored before
+        publishers were recorded (``publisher == ""``) counts as anyone's: an earlier version
+        resumed it so."""
+        return msg.publisher == self.id.type or not msg.publisher
+
+    def publish(self, msg: M, *, topic: str = "") -> M:
+        """Publish a message on this agent's runtime (never blocks), as this agent's node:
+        ``msg.publisher`` is set to the node's name unless it is set already. Returns the
+        message as published: its :attr:`~Message.id` is the one stored (the id of ``msg``
+        itself lacks the publisher).
+
+        Raises:
+            MessageCollision: a different message was published under the same id.
+        """
+        if not msg.publisher:
+            msg = msgspec.structs.replace(msg, publisher=self.id.type)
         self.runtime.publish(msg, topic=topic)
+        return msg
 
     async def on_start(self) -> None:
         """Called once in the agent's task before its first message."""

@@ -13,14 +13,16 @@ __all__ = [
     "CORRELATION_FIELDS",
     "HandlerFailed",
     "Message",
+    "MessageCollision",
     "decode_message",
     "encode_message",
+    "fingerprint",
     "message_decoder",
     "message_id",
     "message_types",
 ]
 
-CORRELATION_FIELDS = ("campaign", "conversation", "turn", "attempt", "branch", "key")
+CORRELATION_FIELDS = ("campaign", "conversation", "turn", "attempt", "branch", "key", "publisher")
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
@@ -30,10 +32,15 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
     the stored schema: give every subclass an explicit, lowercase ``tag=`` and never reuse or
     rename one; new fields must have defaults so that old rows still decode.
 
-    Correlation fields say where the message belongs; together with the tag they form its stable
-    :attr:`id`, so storing the same message twice is a no-op and a resumed campaign can tell what
-    already happened. Two messages of one type at the same coordinates must differ in ``branch``
-    or ``key``.
+    Correlation fields say where the message belongs; together with the tag and the
+    ``publisher`` they form its stable :attr:`id`, so storing the same message twice is a no-op
+    and a resumed campaign can tell what already happened. ``publisher`` is the name of the
+    graph node that published it: :meth:`Agent.publish <mhsafeeval.runtime.Agent.publish>`
+    sets it, so two agents answering one message with the same type and coordinates (two
+    judges rating one reply) never share an id. One publisher's messages of one type at the
+    same coordinates must differ in ``branch`` or ``key``: publishing a *different* message
+    under an id already published raises :class:`MessageCollision`. A message stored before
+    publishers were recorded has ``publisher == ""`` and keeps the id it was stored with.
 
     Example:
         >>> class Ping(Message, frozen=True, tag="example.ping"):
@@ -53,12 +60,14 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
     branch: str = ""
     key: str = ""
     causation: str = ""
+    publisher: str = ""
 
     schema_version: ClassVar[int] = 1
 
     @property
     def id(self) -> str:
-        """Stable id derived from the tag and the correlation fields (not from the payload)."""
+        """Stable id derived from the tag, the correlation fields and the publisher (not from
+        the payload)."""
         return message_id(
             type(self).__struct_config__.tag,  # type: ignore[arg-type]
             self.campaign,
@@ -67,6 +76,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
             self.attempt,
             self.branch,
             self.key,
+            self.publisher,
         )
 
     @property
@@ -77,7 +87,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
     def child_ids(self, **overrides: Any) -> dict[str, Any]:
         """Correlation fields for a message caused by this one (``causation`` = this id).
 
-        ``key`` is not inherited: it only tells apart siblings of one type.
+        ``key`` and ``publisher`` are not inherited: the key tells apart one publisher's
+        siblings of one type, and the publisher is whoever publishes the child.
         """
         ids: dict[str, Any] = {
             "campaign": self.campaign,
@@ -92,11 +103,48 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
 
 
 def message_id(
-    tag: str, campaign: str, conversation: str, turn: int, attempt: int, branch: str, key: str
+    tag: str,
+    campaign: str,
+    conversation: str,
+    turn: int,
+    attempt: int,
+    branch: str,
+    key: str,
+    publisher: str = "",
 ) -> str:
-    """The id a message with these coordinates gets (24 hex characters)."""
-    raw = "\x1f".join((tag, campaign, conversation, str(turn), str(attempt), branch, key))
+    """The id a message with these coordinates gets (24 hex characters).
+
+    A message without a publisher (one published by the engine, or stored before publishers
+    were recorded) hashes exactly as every message did then, so stored ids stay valid.
+    """
+    parts = (tag, campaign, conversation, str(turn), str(attempt), branch, key)
+    raw = "\x1f".join((*parts, publisher) if publisher else parts)
     return hashlib.blake2b(raw.encode(), digest_size=12).hexdigest()
+
+
+class MessageCollision(ValueError):
+    """A publisher published two different messages under one id (same type, coordinates,
+    key and publisher): the store would keep the first and lose the second without a word, so
+    publishing the second raises instead. Publishing the very same message again is allowed
+    (storing it twice is a no-op)."""
+
+    def __init__(self, msg: Message) -> None:
+        who = repr(msg.publisher) if msg.publisher else "the engine (no publisher)"
+        super().__init__(
+            f"two different {msg.tag} messages share one id, both published by {who} at "
+            f"conversation {msg.conversation!r}, turn {msg.turn}, attempt {msg.attempt}, "
+            f"branch {msg.branch!r}, key {msg.key!r}: give each its own key "
+            "(Message.child_ids(key=...)) or publish one"
+        )
+        self.message = msg
+
+
+def fingerprint(msg: Message) -> int:
+    """A hash of a message's whole content (what tells a re-publication from a collision)."""
+    try:
+        return hash(msg)
+    except TypeError:  # a field holds a list or a dict
+        return hash(encode_message(msg))
 
 
 class HandlerFailed(Message, frozen=True, tag="runtime.handler_failed"):

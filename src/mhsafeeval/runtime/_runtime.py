@@ -16,7 +16,7 @@ from anyio.abc import TaskGroup
 from structlog.contextvars import bind_contextvars
 
 from ._agent import Agent, AgentId
-from ._message import HandlerFailed, Message
+from ._message import HandlerFailed, Message, MessageCollision, fingerprint, message_id
 
 __all__ = ["Observer", "Runtime", "Scope"]
 
@@ -62,6 +62,14 @@ class _Replay:
         self.known = known
         self.fresh: list[tuple[Message, str]] = []
         self.suppressed = 0
+
+
+def _unpublished_id(msg: Message) -> str:
+    """The id ``msg`` had before publishers were part of ids: what a campaign stored by an
+    earlier version holds for it (a resumed run of such a campaign finds its messages so)."""
+    return message_id(
+        msg.tag, msg.campaign, msg.conversation, msg.turn, msg.attempt, msg.branch, msg.key
+    )
 
 
 def _bind(msg: Message) -> None:
@@ -190,7 +198,12 @@ class Runtime:
         hi
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, unique_ids: bool = False) -> None:
+        """``unique_ids``: refuse a message published under an id already published (in an
+        open conversation) with other content (:class:`MessageCollision`). Turn it on when the
+        messages are stored (the engine does): a store keeps one message per id. Off, the
+        runtime is a plain bus and ids mean nothing to it."""
+        self._unique_ids = unique_ids
         self._subs: list[_Subscription] = []
         self._routes: dict[type[Message], list[_Subscription]] = {}
         self._tg: TaskGroup | None = None
@@ -203,6 +216,7 @@ class Runtime:
         self._scope_cls: Callable[[], anyio.CancelScope] = anyio.CancelScope
         self._replay: _Replay | None = None
         self._last: dict[str, Message] = {}
+        self._published_ids: dict[str, dict[str, int]] = {}  # per open conversation
         self._observers: list[_Mailbox] = []  # whose backlogs hold agents back
         self._caught_up: anyio.Event | None = None  # set when a backlogged observer drains
         self._parked: list[_Parked] = []  # idle mailbox tasks (asyncio only)
@@ -387,16 +401,30 @@ class Runtime:
         """Queue a message for every matching subscriber. Never blocks; safe from any task.
 
         While :meth:`begin_replay` is in force, a message whose id is already stored is
-        dropped (it happened before) and any other is held until :meth:`end_replay`."""
+        dropped (it happened before) and any other is held until :meth:`end_replay`.
+
+        Raises:
+            MessageCollision: with ``unique_ids``, a different message was published under
+                the same id in this conversation (while it is open): a store would lose one.
+        """
         if self._replay is not None:
-            if msg.id in self._replay.known:
+            if msg.id in self._replay.known or (
+                msg.publisher and _unpublished_id(msg) in self._replay.known
+            ):
                 self._replay.suppressed += 1
             else:
                 self._replay.fresh.append((msg, topic))
             return
+        conv = msg.conversation
+        if self._unique_ids:
+            ids = self._published_ids.get(conv)
+            if ids is None:
+                ids = self._published_ids[conv] = {}
+            content = fingerprint(msg)
+            if ids.setdefault(msg.id, content) != content:
+                raise MessageCollision(msg)
         self.published += 1
         routes = self._route(msg)
-        conv = msg.conversation
         self._last[conv] = msg
         for sub in routes:  # _receivers() and _queue() inlined: this is the hot path
             if sub.topic is not None and sub.topic != topic:
@@ -573,6 +601,7 @@ class Runtime:
     def end_conversation(self, conversation: str) -> None:
         """Let the conversation's per-conversation agent instances finish their queue and stop."""
         self._last.pop(conversation, None)
+        self._published_ids.pop(conversation, None)
         for sub in self._subs:
             mbox = sub.instances.pop(conversation, None)
             if mbox is not None:
