@@ -249,15 +249,13 @@ def judged_graph(judge_names: tuple[str, str]) -> Graph:
         "judge-a": ScriptedModel("a", [_verdict(1)], cycle=True),
         "judge-b": ScriptedModel("b", [_verdict(5)], cycle=True),
     }
-    nodes = [Node.of(Talk)]
-    for node, judge in zip(("judge-a", "judge-b"), judge_names, strict=True):
-        nodes.append(
-            Node.of(
-                RubricJudge,
-                lambda _, node=node, judge=judge: RubricJudge(models[node], taxonomy, name=judge),
-                name=node,
-            )
+    def judge_of(node: str, judge: str) -> Node:
+        return Node.of(
+            RubricJudge, lambda _: RubricJudge(models[node], taxonomy, name=judge), name=node
         )
+
+    nodes = [Node.of(Talk)]
+    nodes += [judge_of(n, j) for n, j in zip(("judge-a", "judge-b"), judge_names, strict=True)]
     return Graph(
         campaign="judged",
         nodes=nodes,
