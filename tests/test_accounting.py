@@ -23,6 +23,7 @@ from mhsafeeval.export import attempt_records
 from mhsafeeval.html_report import _metrics_table
 from mhsafeeval.judges import RubricJudge
 from mhsafeeval.messages import (
+    SEARCH_JUDGE,
     CallFailed,
     ClientUtterance,
     ConversationStarted,
@@ -99,10 +100,12 @@ def open_fake(
 
 
 async def drive(kind: type[A], make: Callable[[], A], *inputs: Message) -> list[Message]:
-    """Run one agent type in a runtime; return what it published."""
+    """Run one agent type in a runtime; return what it published. A judge runs as the
+    campaign's judge node (the search and the figures follow that node's verdicts)."""
     rec = Recorder()
+    name = SEARCH_JUDGE if kind is RubricJudge else kind.__name__
     async with Runtime() as rt:
-        rt.register(kind.__name__, lambda aid: make(), types=kind.handled_types())
+        rt.register(name, lambda aid: make(), types=kind.handled_types())
         rt.subscribe(rec, name="recorder")
         for msg in inputs:
             rt.publish(msg)

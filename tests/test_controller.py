@@ -17,6 +17,7 @@ import pytest
 
 from helpers import archive_of, best_severity
 from mhsafeeval.messages import (
+    SEARCH_JUDGE,
     ArchiveUpdated,
     CallFailed,
     ClientUtterance,
@@ -127,7 +128,9 @@ def attempt_messages(d: Directive, outcome: Outcome) -> list[Message]:
 
 
 class World(Agent):
-    """Plays mutator, client, counselor and judge: answers each Directive with a whole attempt."""
+    """Plays mutator, client, counselor and judge: answers each Directive with a whole attempt.
+    What the judge would say it publishes as the campaign's judge node (``publisher="judge"``):
+    the controller follows that node's verdicts only."""
 
     def __init__(self, decide: Decide) -> None:
         super().__init__()
@@ -136,6 +139,9 @@ class World(Agent):
     @on(Directive)
     def attempt(self, msg: Directive) -> None:
         for out in attempt_messages(msg, self.decide(msg)):
+            judged = isinstance(out, Verdict | Unjudged)
+            if judged or (isinstance(out, CallFailed) and out.agent == "judge"):
+                out = msgspec.structs.replace(out, publisher=SEARCH_JUDGE)
             self.publish(out)
 
 

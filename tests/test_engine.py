@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import ClassVar
 
 import anyio
 import anyio.lowlevel
@@ -275,3 +276,141 @@ def test_two_nodes_of_one_name_are_one_clear_error_at_construction() -> None:
         nodes=[Node.of(Starter), Node.of(Worker, name="a"), Node.of(Worker, name="b")],
         conversations=[Begin(campaign="g", conversation="c0")],
     )
+
+
+class Orphan(Message, frozen=True, tag="test_engine.orphan"):
+    pass
+
+
+class Kept(Message, frozen=True, tag="test_engine.kept"):
+    record = True
+
+
+class Declared(Agent):
+    """Takes Begin, publishes what ``sends`` says (declared)."""
+
+    publishes: ClassVar[tuple[type[Message], ...] | None] = (Step, Orphan)
+
+    @on(Begin)
+    def begin(self, msg: Begin) -> None: ...
+
+
+class Waiting(Agent):
+    """Handles a type that nothing in the graph publishes."""
+
+    publishes = (ConversationFinished,)
+
+    @on(Orphan, Done)
+    def wait(self, msg: Message) -> None: ...
+
+
+def test_a_published_type_nothing_handles_is_refused_at_construction() -> None:
+    with pytest.raises(InputError, match=r"'declared' publishes Step") as caught:
+        Graph(
+            campaign="g",
+            nodes=[Node.of(Declared)],
+            conversations=[Begin(campaign="g", conversation="c0")],
+        )
+    assert caught.value.field == "nodes[0].publishes" and "\n" not in str(caught.value)
+
+    class Recording(Declared):
+        publishes = (Kept,)
+
+    Graph(  # a type kept for the log only needs no handler
+        campaign="g",
+        nodes=[Node.of(Recording, name="r")],
+        conversations=[Begin(campaign="g", conversation="c0")],
+    )
+
+
+def test_a_handler_for_a_type_nothing_publishes_is_refused_at_construction() -> None:
+    class Stepper(Declared):
+        publishes = (Step,)
+
+    class Taker(Agent):
+        publishes = ()
+
+        @on(Step)
+        def take(self, msg: Step) -> None: ...
+
+    with pytest.raises(InputError, match=r"'waiting' handles Orphan \('test_engine.orphan'\)") as e:
+        Graph(
+            campaign="g",
+            nodes=[Node.of(Stepper), Node.of(Taker), Node.of(Waiting)],
+            conversations=[Begin(campaign="g", conversation="c0")],
+        )
+    assert e.value.field == "nodes[2].types"
+    # A node that does not say what it publishes may feed any handler: no verdict then.
+    Graph(
+        campaign="g",
+        nodes=[Node.of(Stepper), Node.of(Taker), Node.of(Waiting), Node.of(Worker)],
+        conversations=[Begin(campaign="g", conversation="c0")],
+    )
+
+
+def test_the_campaign_graph_declares_every_node_so_its_wiring_is_checked() -> None:
+    from mhsafeeval.campaign import campaign_graph
+    from mhsafeeval.config import parse_config
+    from mhsafeeval.messages import ConversationStarted
+    from mhsafeeval.plan import build_plan
+    from mhsafeeval.runtime.providers import ScriptedModel
+    from mhsafeeval.testing import scripted_models
+
+    for controller in ("map-elites", "uct", "random", "single-turn"):
+        text = f'[campaign]\nname = "w"\ncontroller = "{controller}"\n' + scripted_models()
+        config = parse_config(text, "w.toml")
+        plan = build_plan(config, "w.toml")
+        model = ScriptedModel("m", ["x"])
+        graph = campaign_graph(
+            config,
+            plan,
+            [
+                ConversationStarted(
+                    campaign="w", conversation="c", counselor_model="m", profile_id="p"
+                )
+            ],
+            roles=dict.fromkeys(("client", "mutator", "judge", "refiner"), model),
+            counselors=dict.fromkeys(config.counselors, model),
+        )
+        assert [n.name for n in graph.nodes if n.publishes is None] == [], controller
+
+
+class Shout(Message, frozen=True, tag="test_engine.shout"):
+    loud: bool = False
+
+
+class Caller(Agent):
+    publishes = (Shout, ConversationFinished)
+
+    @on(Begin)
+    def call(self, msg: Begin) -> None:
+        self.publish(Shout(**msg.child_ids(key="quiet")))
+        self.publish(Shout(**msg.child_ids(key="loud"), loud=True), topic="loud")
+        self.publish(ConversationFinished(**msg.child_ids(), turns=1))
+
+
+class Listener(Agent):
+    heard: list[tuple[str, bool]] = []
+    publishes = ()
+
+    @on(Shout)
+    def hear(self, msg: Shout) -> None:
+        Listener.heard.append((self.id.type, msg.loud))
+
+
+@pytest.mark.anyio
+async def test_a_node_with_a_topic_receives_only_that_topic() -> None:
+    Listener.heard = []
+    graph = Graph(
+        campaign="t",
+        nodes=[
+            Node.of(Caller),
+            Node.of(Listener, name="all"),
+            Node.of(Listener, name="loud-only", topic="loud"),
+        ],
+        conversations=[Begin(campaign="t", conversation="c0")],
+    )
+    async with MemoryEventStore() as store:
+        result = await run_graph(graph, store)
+    assert result.status == "completed"
+    assert sorted(Listener.heard) == [("all", False), ("all", True), ("loud-only", True)]

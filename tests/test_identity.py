@@ -249,6 +249,7 @@ def judged_graph(judge_names: tuple[str, str]) -> Graph:
         "judge-a": ScriptedModel("a", [_verdict(1)], cycle=True),
         "judge-b": ScriptedModel("b", [_verdict(5)], cycle=True),
     }
+
     def judge_of(node: str, judge: str) -> Node:
         return Node.of(
             RubricJudge, lambda _: RubricJudge(models[node], taxonomy, name=judge), name=node

@@ -217,13 +217,15 @@ def silent_judge(model: object, taxonomy: object, run: object, options: object) 
 
 @controller("idle-test", uses_refiner=False, replace=True)
 class IdleController(Agent):
-    """A controller plugin that never directs anything."""
+    """A controller plugin that never directs anything. (It takes the judge's answers and the
+    failures a controller must handle, so that the graph's wiring check lets it run: what
+    stalls is the search.)"""
 
     def __init__(self, cells: object, run: object, options: object) -> None:
         super().__init__()
 
-    @on(ConversationFinished)
-    def ignore(self, msg: ConversationFinished) -> None:
+    @on(ConversationFinished, Verdict, Unjudged, CallFailed)
+    def ignore(self, msg: Message) -> None:
         pass
 
 

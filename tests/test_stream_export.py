@@ -81,8 +81,9 @@ def flaky_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:
 
 
 def moody_judge(messages: Sequence[ChatMessage], params: CallParams) -> str:
-    """The demo judge, except that it gives no verdict on some replies (unjudged)."""
-    prompt = messages[-1].content if messages else ""
+    """The demo judge, except that it gives no verdict on some replies (unjudged). Which ones
+    is decided by the prompt without its nonce (drawn from the reply's message id)."""
+    prompt = re.sub(r"\b[0-9a-f]{16}\b", "", messages[-1].content if messages else "")
     return "hard to say, really" if _unit(prompt) < 0.2 else demo_judge(messages, params)
 
 

@@ -9,8 +9,9 @@ stops it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
+from mhsafeeval.added import added_nodes
 from mhsafeeval.agents import (
     DEFAULT_COUNSELOR_PROMPT,
     ClientAgent,
@@ -29,7 +31,16 @@ from mhsafeeval.budget import Budget, BudgetedModel, StoredSpending, check_price
 from mhsafeeval.config import (
     Config,
 )
-from mhsafeeval.engine import Graph, Node, RunResult, Service, Stored, load_stored, run_graph
+from mhsafeeval.engine import (
+    Graph,
+    Intercept,
+    Node,
+    RunResult,
+    Service,
+    Stored,
+    load_stored,
+    run_graph,
+)
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
 from mhsafeeval.judges import rater_address as _rater_address
@@ -44,6 +55,7 @@ from mhsafeeval.messages import (
     Message,
     Rating,
     TurnCommitted,
+    Unjudged,
     Verdict,
 )
 from mhsafeeval.plan import (
@@ -74,6 +86,7 @@ __all__ = [
     "ModelClients",
     "PanelService",
     "PreparedCampaign",
+    "agent_models",
     "campaign_graph",
     "panel_service",
     "prepare_campaign",
@@ -85,6 +98,8 @@ DEMO_CONFIG = Path(__file__).parent / "data" / "demo.toml"
 
 JUDGE_INPUTS: tuple[type[Message], ...] = (TurnCommitted, ClientUtterance, CounselorReply)
 """What a judge consumes (it publishes Verdict, Unjudged or CallFailed for each reply)."""
+JUDGE_OUTPUTS: tuple[type[Message], ...] = (Verdict, Unjudged, CallFailed)
+"""What a judge publishes, one of them per reply."""
 
 
 class CampaignResult(RunResult, kw_only=True):
@@ -104,6 +119,9 @@ async def run_campaign(
     open_client: Callable[[ModelSettings], ResilientClient] | None = None,
     plan: CampaignPlan | None = None,
     on_clients: Callable[[list[ResilientClient]], None] | None = None,
+    extra: Sequence[Node] = (),
+    interceptors: Sequence[Intercept] = (),
+    replace: Mapping[str, Node] | None = None,
 ) -> CampaignResult:
     """Run a whole campaign, storing every message in ``store`` (already open).
 
@@ -114,7 +132,11 @@ async def run_campaign(
     stopped is done again). A campaign that already finished is returned as it is.
 
     ``observers`` see every message (replayed ones too); ``on_clients`` is given the model
-    clients once they are open (a progress display shows their retries).
+    clients once they are open (a progress display shows their retries). ``extra`` nodes join
+    the graph beside its own (and the config's ``[agents.NAME]``), ``interceptors`` stand
+    between publishers and everyone else, ``replace`` swaps one of the graph's own nodes for
+    yours (see :func:`campaign_graph`); none of them is part of the stored configuration:
+    resume a campaign with the same ones.
 
     Raises:
         InputError: a bad taxonomy, profile set, controller or judge name, or a stored campaign
@@ -134,6 +156,10 @@ async def run_campaign(
         config_text=config_text,
         services=(panel,) if panel is not None else (),
         session_salt=prepared.session_salt,
+        agent_models=agent_models(config, client_for),
+        extra=extra,
+        interceptors=interceptors,
+        replace=replace,
     )
     if on_clients is not None:  # a progress display reads retry counts from the clients
         on_clients(list(clients.values()))
@@ -241,6 +267,11 @@ class ModelClients:
         return BudgetedModel(client, self.budget, counselor=counselor)
 
 
+def agent_models(config: Config, client_for: ModelClients) -> dict[str, ModelClient]:
+    """The model of each ``[agents.NAME]`` table that has one, opened like every other."""
+    return {n: client_for(a.model) for n, a in config.agents.items() if a.model is not None}
+
+
 ROLES = ("client", "mutator", "judge", "refiner")
 """The campaign-wide model roles (``[models.<role>]``); counselors are per conversation."""
 
@@ -311,13 +342,27 @@ def campaign_graph(
     config_text: str = "",
     services: tuple[Service, ...] = (),
     session_salt: str = "",
+    agent_models: Mapping[str, ModelClient] | None = None,
+    extra: Sequence[Node] = (),
+    interceptors: Sequence[Intercept] = (),
+    replace: Mapping[str, Node] | None = None,
 ) -> Graph:
     """The MHSafeEval graph: client, mutator, counselor, judge and (when the controller uses
-    one) refiner per conversation, one search controller for all, on ``plan``'s conversations.
+    one) refiner per conversation, one search controller for all, on ``plan``'s conversations;
+    then the ``[agents.NAME]`` nodes (``plan.agents``, with ``agent_models``) and ``extra``.
 
     ``roles``: the model of each of :data:`ROLES`; ``counselors``: each counselor model by name;
     ``session_salt``: what makes this campaign's session ids its own
-    (``mhsafeeval.agents._counselor.session_id``).
+    (``mhsafeeval.agents._counselor.session_id``); ``interceptors``: checks every message of
+    their types passes before any agent sees it (a guardrail between counselor and client:
+    :class:`~mhsafeeval.engine.Intercept`); ``replace``: your node in place of one of the
+    graph's own, by name (a client simulator of your own as ``"client"``: it must answer each
+    ``Instruction`` with a ``ClientUtterance`` or a ``CallFailed``, as the built-in one does).
+
+    What an added node may rely on: its name is in every message it publishes
+    (``publisher``); the search follows the judge node ``"judge"`` only, so a second judge's
+    verdicts are a rater's in the report (``judges``), never the search's; the graph's wiring
+    checks see what it declares in ``publishes``.
     """
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
@@ -360,6 +405,7 @@ def campaign_graph(
             "judge",
             lambda aid: plan.judge(roles["judge"], plan.taxonomy, judging, plan.judge_options),
             JUDGE_INPUTS,
+            publishes=JUDGE_OUTPUTS,
         ),
     ]
     if plan.controller.uses_refiner:
@@ -371,6 +417,25 @@ def campaign_graph(
             )
         )
     nodes.append(Node.shared(plan.controller(cells, run, plan.options), name="controller"))
+    for name, node in (replace or {}).items():
+        at = next((i for i, n in enumerate(nodes) if n.name == name), None)
+        if at is None:
+            raise InputError(
+                "<graph>",
+                f"replace[{name!r}]",
+                f"the campaign graph has no node {name!r} "
+                f"(it has {', '.join(n.name for n in nodes)})",
+            )
+        nodes[at] = dataclasses.replace(node, name=name)
+    nodes += added_nodes(
+        plan.agents,
+        agent_models or {},
+        taxonomy=plan.taxonomy,
+        threshold=c.threshold,
+        context_turns=c.context_turns,
+        conversations={s.id: (s.counselor, s.profile.id) for s in plan.conversations},
+    )
+    nodes += extra
     return Graph(
         campaign=c.name,
         nodes=nodes,
@@ -390,6 +455,7 @@ def campaign_graph(
         accepts=None,
         settled=SETTLED,
         services=services,
+        interceptors=tuple(interceptors),
     )
 
 

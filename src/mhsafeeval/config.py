@@ -42,6 +42,7 @@ __all__ = [
     "PACING_KEYS",
     "RESUMABLE_CHANGES",
     "AblationSection",
+    "AgentTable",
     "BudgetSection",
     "CampaignSection",
     "Config",
@@ -269,11 +270,11 @@ class GateSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return self.max_asr is not None or bool(self.cells)
 
 
-_ADDED_LATER: dict[str, Any] = {"campaign.style": "random", "judge": {}}
+_ADDED_LATER: dict[str, Any] = {"campaign.style": "random", "judge": {}, "agents": {}}
 # Keys added after campaigns were first stored, with the value that means how a campaign stored
 # without them ran ("random" plays no style for profiles without styles, and before styles
 # existed no profile had any: the profiles' fingerprint tells the rest; no [judge] table is the
-# rubric judge's defaults).
+# rubric judge's defaults; no [agents] table, no agent added to the graph).
 
 _REMOVED: dict[str, tuple[Any, str]] = {
     "search.depth": (
@@ -326,6 +327,18 @@ class CounselorSettings(ModelSettings, frozen=True, kw_only=True, forbid_unknown
     stores the text, and resuming it after the file changed is refused."""
 
 
+class AgentTable(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[agents.NAME]``: an agent added to the campaign's graph as node ``NAME``, made from a
+    class named by import path (``"mypackage.guards:Guardrail"``, or a built-in one such as
+    ``"mhsafeeval.judges:RubricJudge"`` for a second judge). ``model``: its model table, as
+    ``[models.ROLE]`` (none: it calls no model). ``options``: checked against the class's own
+    ``Options`` struct by ``check``. The class's contract: :class:`mhsafeeval.added.AgentSetup`."""
+
+    class_: str = msgspec.field(name="class")
+    model: ModelSettings | None = None
+    options: dict[str, Any] = {}
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A whole campaign config file."""
 
@@ -341,6 +354,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     models: dict[str, ModelSettings] = {}
     counselors: dict[str, CounselorSettings] = {}
     judges: JudgesSection = JudgesSection()
+    agents: dict[str, AgentTable] = {}
+    """``[agents.NAME]`` tables (NAME: lowercase letters, digits, ``-`` and ``_``; checked
+    with the class by :func:`mhsafeeval.campaign.configured_agents`)."""
     logging: LoggingSection = LoggingSection()
     gate: GateSection = GateSection()
 
@@ -349,6 +365,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         ``judges.panel.gpt``)."""
         tables = [(f"models.{n}", m) for n, m in self.models.items()]
         tables += [(f"counselors.{n}", m) for n, m in self.counselors.items()]
+        tables += [(f"agents.{n}.model", a.model) for n, a in self.agents.items() if a.model]
         return tables + [(f"judges.panel.{n}", m) for n, m in self.judges.panel.items()]
 
     def model_for(self, role: str) -> ModelSettings:

@@ -28,6 +28,7 @@ from mhsafeeval.runtime.providers import Completion, ModelCallError
 __all__ = [
     "ANSWERED_BY",
     "OMISSION",
+    "SEARCH_JUDGE",
     "ArchiveUpdated",
     "CallFailed",
     "CampaignFinished",
@@ -54,6 +55,7 @@ __all__ = [
     "Usage",
     "Verdict",
     "answers_of",
+    "from_search_judge",
     "is_omission",
     "lookahead_branch",
 ]
@@ -99,6 +101,8 @@ class CampaignStarted(Message, frozen=True, tag="campaign.started"):
     results (the taxonomy's cells in order, the success threshold), so reports need nothing else.
     """
 
+    record = True
+
     config: str = ""
     run: int = 0
     cells: tuple[tuple[str, str], ...] = ()
@@ -113,6 +117,8 @@ class CampaignStarted(Message, frozen=True, tag="campaign.started"):
 
 class CampaignFinished(Message, frozen=True, tag="campaign.finished"):
     """A run of a campaign ended: ``status`` is completed, interrupted, budget or failed."""
+
+    record = True
 
     status: str
     run: int = 0
@@ -306,6 +312,8 @@ class Rating(Message, frozen=True, tag="judge.rating"):
     ``"rejudge"``.
     """
 
+    record = True
+
     category: str
     role: str
     rater: str
@@ -477,6 +485,8 @@ class ArchiveUpdated(Message, frozen=True, tag="archive.updated"):
     The whole elite travels with the event, so an archive is the fold of its updates.
     """
 
+    record = True
+
     counselor_model: str
     elite: Elite
 
@@ -503,6 +513,8 @@ class ArchiveUpdated(Message, frozen=True, tag="archive.updated"):
 
 class SearchStats(Message, frozen=True, tag="search.stats"):
     """A search controller's statistics after a step (tree nodes, visits, values)."""
+
+    record = True
 
     controller: str
     stats: dict[str, float] = {}
@@ -548,6 +560,25 @@ ANSWERED_BY: dict[type[Message], str] = {
 ``usage``). The one definition: each agent's :attr:`~mhsafeeval.runtime.Agent.outcomes` (what
 a resumed run looks for before it asks again) is read from it by :func:`answers_of`, and the
 figures price each answer by it."""
+
+
+SEARCH_JUDGE = "judge"
+"""The node name of the search's judge in the campaign graph: the judge whose verdicts steer
+the search and fill the archive. Other judges in the graph (an ``[agents.NAME]`` judge) rate
+the same replies for the report only."""
+
+
+def from_search_judge(msg: Message) -> bool:
+    """Whether a judge's answer (a Verdict, an Unjudged, a judge's CallFailed) comes from the
+    search's judge: published by its node, or stored before publishers were recorded.
+
+    Example:
+        >>> v = Unjudged(conversation="c", category="blaming", role="enabler", judge="rubric",
+        ...              reason="no JSON", publisher="second-judge")
+        >>> from_search_judge(v), from_search_judge(msgspec.structs.replace(v, publisher="judge"))
+        (False, True)
+    """
+    return msg.publisher in ("", SEARCH_JUDGE)
 
 
 def answers_of(role: str) -> tuple[type[Message], ...]:

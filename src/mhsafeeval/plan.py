@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from mhsafeeval.added import AddedAgent, added_agents
 from mhsafeeval.agents import (
     ClientProfile,
     builtin_profiles,
@@ -84,6 +85,8 @@ class CampaignPlan(msgspec.Struct, frozen=True):
     """The selected judge's declaration (``campaign.judge``)."""
     judge_options: msgspec.Struct | None
     """``[judge]`` decoded by that judge (None: it takes no options)."""
+    agents: tuple[AddedAgent, ...] = ()
+    """The ``[agents.NAME]`` tables, checked (classes imported, options decoded)."""
 
 
 def _resolve(path: str, base: Path | None) -> Path:
@@ -133,7 +136,8 @@ def build_plan(config: Config, source: str | Path = "<config>") -> CampaignPlan:
     if len(ids) != len(specs):  # cannot happen with distinct names: a last line of defence
         twice = [i for i, n in ids.items() if n > 1]
         raise InputError(source, "campaign", f"two conversations would share the id {twice[0]!r}")
-    return CampaignPlan(taxonomy, specs, controller, options, judge, judged_with)
+    added = added_agents(config, source)
+    return CampaignPlan(taxonomy, specs, controller, options, judge, judged_with, added)
 
 
 def judge_run(config: Config) -> JudgeRun:

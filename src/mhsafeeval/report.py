@@ -71,6 +71,17 @@ class CampaignReport(msgspec.Struct, kw_only=True):
     cost: dict[str, ModelCost] = {}
     comparisons: list[ModelComparison] = []
     """Each pair of counselor models, paired by profile (see storage.compare_models)."""
+    intercepted: list[InterceptCount] = []
+    """What interceptors (a guardrail between counselor and client) dropped or rewrote."""
+
+
+class InterceptCount(msgspec.Struct, frozen=True, kw_only=True):
+    """How many messages of one type one interceptor dropped or rewrote."""
+
+    interceptor: str
+    action: str
+    message_type: str
+    count: int
 
 
 def unmeasured(report: CampaignReport) -> list[ModelMetrics]:
@@ -107,6 +118,10 @@ def report_of(
         retried=retried,
         cost={name: _cost(m) for name, m in models.items()},
         comparisons=compare_models(log, threshold=log.threshold, tally=tally),
+        intercepted=[
+            InterceptCount(interceptor=i, action=a, message_type=t, count=n)
+            for (i, a, t), n in sorted(log.intercepted.items())
+        ],
     )
 
 
@@ -318,6 +333,14 @@ def render_text(report: CampaignReport) -> str:
         lines += _cost_lines(report.cost.get(m.model), m)
         lines += _judge_lines(m, report.threshold)
     lines += _comparison_lines(report.comparisons)
+    if report.intercepted:
+        lines += ["", "interceptors (what they dropped or rewrote before any agent saw it):"]
+        lines += [
+            f"  {c.interceptor}: {c.action} {c.count} {c.message_type}" for c in report.intercepted
+        ]
+        lines.append(
+            "  (mhsafeeval events DB --type runtime.intercepted shows each, with the original)"
+        )
     return "\n".join(_wrapped(lines))
 
 

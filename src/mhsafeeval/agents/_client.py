@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from mhsafeeval.config import CLIENT_STYLES
-from mhsafeeval.messages import ClientUtterance, Instruction, Usage, answers_of
+from mhsafeeval.messages import CallFailed, ClientUtterance, Instruction, Usage, answers_of
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     CallParams,
@@ -154,6 +154,7 @@ class ClientAgent(TranscriptAgent):
 
     role = "client"
     outcomes = answers_of("client")
+    publishes = (*outcomes, CallFailed)
 
     def __init__(
         self,

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Final
 
-from mhsafeeval.messages import ClientUtterance, CounselorReply, Usage, answers_of
+from mhsafeeval.messages import CallFailed, ClientUtterance, CounselorReply, Usage, answers_of
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelCallError, ModelClient
 
@@ -87,6 +87,7 @@ class CounselorAgent(TranscriptAgent):
 
     role = "counselor"
     outcomes = answers_of("counselor")
+    publishes = (*outcomes, CallFailed)
 
     def __init__(
         self,

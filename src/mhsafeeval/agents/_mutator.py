@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mhsafeeval.messages import Directive, Instruction, Operator, Seed, Usage, answers_of
+from mhsafeeval.messages import (
+    CallFailed,
+    Directive,
+    Instruction,
+    Operator,
+    Seed,
+    Usage,
+    answers_of,
+)
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
@@ -120,6 +128,7 @@ class MutatorAgent(TranscriptAgent):
 
     role = "mutator"
     outcomes = answers_of("mutator")
+    publishes = (*outcomes, CallFailed)
 
     def __init__(
         self,

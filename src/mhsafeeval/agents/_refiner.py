@@ -9,7 +9,16 @@ from typing import Annotated, Any
 
 import msgspec
 
-from mhsafeeval.messages import Message, Refinement, RefinerNotes, Usage, Verdict, answers_of
+from mhsafeeval.messages import (
+    CallFailed,
+    Message,
+    Refinement,
+    RefinerNotes,
+    Usage,
+    Verdict,
+    answers_of,
+    from_search_judge,
+)
 from mhsafeeval.runtime import on
 from mhsafeeval.runtime.providers import (
     ChatMessage,
@@ -99,6 +108,7 @@ class RefinerAgent(TranscriptAgent):
 
     role = "refiner"
     outcomes = answers_of("refiner")
+    publishes = (*outcomes, CallFailed)
 
     def __init__(
         self,
@@ -132,7 +142,8 @@ class RefinerAgent(TranscriptAgent):
         return super().answered(msg, children)
 
     def _wants_notes(self, msg: Verdict) -> bool:
-        return self.refinement.wants_notes(msg)
+        # Only the search's judge steers the attempts: another judge's verdict needs no notes.
+        return from_search_judge(msg) and self.refinement.wants_notes(msg)
 
     @on(RefinerNotes)
     def remember(self, msg: RefinerNotes) -> None:

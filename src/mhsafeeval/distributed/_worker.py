@@ -206,7 +206,7 @@ class ShardWorker:
 
     async def run(self) -> dict[str, Any]:
         """Run the shard to its end (or a limit); returns its RunResult as builtins."""
-        from mhsafeeval.campaign import ROLES, ModelClients, campaign_graph
+        from mhsafeeval.campaign import ROLES, ModelClients, agent_models, campaign_graph
         from mhsafeeval.engine import run_graph
         from mhsafeeval.plan import stored_config
         from mhsafeeval.runtime import configure_logging
@@ -237,6 +237,7 @@ class ShardWorker:
             counselors={n: client_for(m, counselor=True) for n, m in config.counselors.items()},
             config_text=self.config_text,
             session_salt=self.session_salt,
+            agent_models=agent_models(config, client_for),
         )
         # The driver stores the campaign's opening; this shard runs its share of the
         # campaign's conversations in flight.

@@ -20,12 +20,13 @@ The MHSafeEval campaign (:func:`mhsafeeval.campaign.run_campaign`) is one graph 
 ``examples/custom_graph.py`` is another.
 """
 
-from ._graph import Graph, Node, RunResult, Service
+from ._graph import Graph, Intercept, Node, RunResult, Service
 from ._run import resume_services, run_graph
 from ._stored import Stored, load_stored, stored_messages
 
 __all__ = [
     "Graph",
+    "Intercept",
     "Node",
     "RunResult",
     "Service",

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime import Agent, AgentId, Message, Scope
+from mhsafeeval.messages import CampaignFinished, ConversationFinished
+from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Interceptor, Message, Scope
 
-__all__ = ["Graph", "Limits", "Node", "RunResult", "Service"]
+__all__ = ["Graph", "Intercept", "Limits", "Node", "RunResult", "Service"]
 
 A = TypeVar("A", bound=Agent)
 
@@ -41,6 +42,12 @@ class Node:
     make: Callable[[AgentId], Agent]
     types: tuple[type[Message], ...]
     scope: Scope = "conversation"
+    publishes: tuple[type[Message], ...] | None = None
+    """What its agents may publish (``Agent.publishes``), or None: not declared (the graph's
+    wiring checks then take what it publishes as unknown)."""
+    topic: str | None = None
+    """Receive only messages published on this topic (``Agent.publish(msg, topic=...)``);
+    None: every matching message, whatever its topic."""
 
     @classmethod
     def of(
@@ -50,21 +57,68 @@ class Node:
         *,
         name: str | None = None,
         scope: Scope = "conversation",
+        topic: str | None = None,
     ) -> Node:
         """The node of ``agent_type`` (``make``: its factory; the class itself by default;
-        ``name``: the class name, lowercased, by default)."""
+        ``name``: the class name, lowercased, by default; ``topic``: see :attr:`topic`)."""
         factory: Callable[[AgentId], Agent] = make if make is not None else (lambda _: agent_type())
-        return cls(name or agent_type.__name__.lower(), factory, agent_type.handled_types(), scope)
+        return cls(
+            name or agent_type.__name__.lower(),
+            factory,
+            agent_type.handled_types(),
+            scope,
+            _declared(agent_type),
+            topic,
+        )
 
     @classmethod
-    def shared(cls, agent: Agent, *, name: str | None = None) -> Node:
+    def shared(cls, agent: Agent, *, name: str | None = None, topic: str | None = None) -> Node:
         """A node with one instance for the whole run (a search controller)."""
         return cls(
             name or type(agent).__name__.lower(),
             lambda _: agent,
             type(agent).handled_types(),
             "global",
+            _declared(type(agent)),
+            topic,
         )
+
+
+def _declared(agent_type: type[Agent]) -> tuple[type[Message], ...] | None:
+    """What an agent class says it publishes (its outcomes with it), or None."""
+    if agent_type.publishes is None:
+        return None
+    return tuple(dict.fromkeys((*agent_type.publishes, *agent_type.outcomes)))
+
+
+@dataclass(frozen=True)
+class Intercept:
+    """An interceptor of a graph: ``check(msg)`` sees every message of ``types`` before any
+    agent does and returns it, a replacement, or None to drop it
+    (:meth:`~mhsafeeval.runtime.Runtime.intercept` says the rules). Each drop or rewrite is
+    stored as an :class:`~mhsafeeval.runtime.Intercepted` record, so a resumed run keeps the
+    decisions made before the stop; ``check`` must be quick and must not block (a model-based
+    check is an agent).
+
+    Example:
+        >>> from mhsafeeval.messages import CounselorReply
+        >>> import msgspec
+        >>> def soften(reply: CounselorReply) -> CounselorReply:
+        ...     if "guarantee" not in reply.text:
+        ...         return reply
+        ...     return msgspec.structs.replace(reply, text="I can't promise that.")
+        >>> Intercept("guardrail", soften, (CounselorReply,)).name
+        'guardrail'
+    """
+
+    name: str
+    check: Callable[[Any], Message | None]
+    types: tuple[type[Message], ...] = (Message,)
+
+    @property
+    def interceptor(self) -> Interceptor:
+        """``check`` as the runtime takes it."""
+        return self.check
 
 
 class Limits(Protocol):
@@ -174,6 +228,8 @@ class Graph:
         settled: message types that change what other conversations see (an archive update):
             a failed turn that has one is kept, one without is done again from its start.
         services: work beside the conversations (:class:`Service`).
+        interceptors: checks between publishers and everyone else (:class:`Intercept`), in
+            order.
 
     Example (the run itself: :func:`~mhsafeeval.engine.run_graph`):
         >>> graph = Graph(campaign="doc", nodes=[], conversations=[], config="v2")
@@ -194,6 +250,7 @@ class Graph:
     accepts: Callable[[str], None] | None = None
     settled: tuple[type[Message], ...] = ()
     services: Sequence[Service] = field(default=())
+    interceptors: Sequence[Intercept] = field(default=())
 
     def __post_init__(self) -> None:
         seen: dict[str, int] = {}
@@ -207,6 +264,49 @@ class Graph:
                     "Node.of(..., name=...)",
                 )
             seen[node.name] = index
+        for index, intercept in enumerate(self.interceptors):
+            if intercept.name in seen or intercept.name in {
+                i.name for i in self.interceptors[:index]
+            }:
+                raise InputError(
+                    "<graph>",
+                    f"interceptors[{index}].name",
+                    f"{intercept.name!r} already names a node or an interceptor: give each "
+                    "its own name",
+                )
+        self._check_wiring()
+
+    def _check_wiring(self) -> None:
+        """Refuse a handler for a type nothing publishes and a published type nothing
+        handles (one line each), as far as the nodes declare what they publish."""
+        engine: list[type[Message]] = [type(m) for m in self.conversations]
+        engine += [type(self.opening)] if self.opening is not None else []
+        engine += [ConversationFinished, HandlerFailed, CampaignFinished]
+        made = engine + [t for node in self.nodes for t in node.publishes or ()]
+        taken: list[type[Message]] = [ConversationFinished, HandlerFailed]  # the scheduler's
+        taken += [t for node in self.nodes for t in node.types]
+        for index, node in enumerate(self.nodes):
+            for sent in node.publishes or ():
+                if not sent.record and not any(issubclass(sent, t) for t in taken):
+                    raise InputError(
+                        "<graph>",
+                        f"nodes[{index}].publishes",
+                        f"node {node.name!r} publishes {sent.__name__} ({sent.tag_name()!r}), "
+                        "which no node handles: add the node that takes it, or mark the type "
+                        "`record = True` if it is kept for the log only",
+                    )
+        if any(node.publishes is None for node in self.nodes):
+            return  # what an undeclared node publishes is unknown: it may feed any handler
+        for index, node in enumerate(self.nodes):
+            for wanted in node.types:
+                if not any(issubclass(m, wanted) for m in made):
+                    raise InputError(
+                        "<graph>",
+                        f"nodes[{index}].types",
+                        f"node {node.name!r} handles {wanted.__name__} "
+                        f"({wanted.tag_name()!r}), which nothing in the graph publishes: add "
+                        "the node that publishes it, or declare it in that agent's `publishes`",
+                    )
 
     def check_stored(self, stored_config: str) -> None:
         """Raise if a stored campaign of this name cannot be resumed with this graph."""

@@ -226,8 +226,12 @@ async def _run(
                 rt.subscribe(service.observe, name=f"service{i}", types=service.types)
             for i, observer in enumerate(observers):
                 rt.subscribe(observer, name=f"observer{i}", replay=True)
+            for intercept in graph.interceptors:
+                rt.intercept(intercept.interceptor, name=intercept.name, types=intercept.types)
             for node in graph.nodes:
-                rt.register(node.name, node.make, types=node.types, scope=node.scope)
+                rt.register(
+                    node.name, node.make, types=node.types, scope=node.scope, topic=node.topic
+                )
             scheduler.attach(rt)
             if stored is not None:
                 redone = await _resume(rt, graph, store, stored, scheduler)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Annotated, Any, Protocol
 
+import msgspec
 import structlog
 
 from mhsafeeval.messages import (
@@ -35,7 +36,7 @@ from mhsafeeval.taxonomy import Taxonomy
 from ._prompt import build_judge_messages
 from ._verdict import CheckedVerdict, VerdictPayload, check_verdict, verdict_schema
 
-__all__ = ["RAW_LIMIT", "RubricJudge", "verdict_fields"]
+__all__ = ["RAW_LIMIT", "AddedJudgeOptions", "RubricJudge", "verdict_fields"]
 
 log = structlog.get_logger("mhsafeeval.judges")
 
@@ -49,6 +50,35 @@ def _schema(string_limits: bool, threshold: int) -> dict[str, Any]:
     conversation), so providers can prepare it once (``openai/`` derives its strict form once
     per schema object). Never changed after it is made."""
     return verdict_schema(string_limits=string_limits, threshold=threshold)
+
+
+class AddedJudgeOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[agents.NAME.options]`` of a :class:`RubricJudge` added to the campaign graph (a
+    second judge: its verdicts are a rater's in the report, never the search's)."""
+
+    name: Annotated[str, msgspec.Meta(max_length=40)] = ""
+    """The judge's name in its events (``judge``); "" for the node's name."""
+    context_turns: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    """Committed turns shown; None for the campaign's ``context_turns``."""
+    max_asks: Annotated[int, msgspec.Meta(ge=1, le=20)] = 3
+    string_limits: bool = True
+
+
+class _Setup(Protocol):
+    """What :meth:`RubricJudge.from_config` reads of ``mhsafeeval.added.AgentSetup``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def options(self) -> Any: ...
+    @property
+    def model(self) -> ModelClient | None: ...
+    @property
+    def taxonomy(self) -> Taxonomy: ...
+    @property
+    def threshold(self) -> int: ...
+    @property
+    def context_turns(self) -> int: ...
 
 
 class RubricJudge(Agent):
@@ -121,6 +151,26 @@ class RubricJudge(Agent):
 
     max_concurrent_handlers = 4  # tree search judges several simulations of a turn at once
     outcomes = answers_of("judge")
+    publishes = (*outcomes, CallFailed)
+    Options = AddedJudgeOptions
+    model_required = True
+
+    @classmethod
+    def from_config(cls, setup: _Setup) -> RubricJudge:
+        """A judge added by an ``[agents.NAME]`` table (see :mod:`mhsafeeval.added`)."""
+        options: AddedJudgeOptions = setup.options
+        assert setup.model is not None  # model_required: checked with the table
+        return cls(
+            setup.model,
+            setup.taxonomy,
+            context_turns=setup.context_turns
+            if options.context_turns is None
+            else options.context_turns,
+            max_asks=options.max_asks,
+            name=options.name or setup.name,
+            string_limits=options.string_limits,
+            threshold=setup.threshold,
+        )
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Usage,
     Verdict,
+    from_search_judge,
 )
 from mhsafeeval.runtime.providers import ChatMessage, ModelCallError, StructuredOutputError
 
@@ -147,6 +148,8 @@ class ReplyFold:
     def add(self, msg: Message) -> list[JudgedReply]:
         """Fold one event in; returns the judged replies it made ready (each once)."""
         at = (msg.turn, msg.attempt, msg.branch)
+        if isinstance(msg, Verdict | Unjudged) and not from_search_judge(msg):
+            return []  # another judge in the graph: the panel rates what the search judged
         if isinstance(msg, Unjudged):
             self.unjudged.add((msg.conversation, *at))
             return []

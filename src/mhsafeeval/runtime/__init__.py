@@ -6,10 +6,17 @@ users composing their own agent graphs.
 
 from ._agent import Agent, AgentId, on
 from ._logging import configure_logging
-from ._message import HandlerFailed, Message, encode_message, message_decoder
+from ._message import (
+    HandlerFailed,
+    Intercepted,
+    Message,
+    MessageCollision,
+    encode_message,
+    message_decoder,
+)
 from ._plugins import PluginNotFound, Registry, lazy_exports
 from ._redact import KEY_SHAPES, excerpt, redact
-from ._runtime import Runtime, Scope
+from ._runtime import Interceptor, Runtime, Scope
 from ._text import visible
 
 __all__ = [
@@ -17,7 +24,10 @@ __all__ = [
     "Agent",
     "AgentId",
     "HandlerFailed",
+    "Intercepted",
+    "Interceptor",
     "Message",
+    "MessageCollision",
     "PluginNotFound",
     "Registry",
     "Runtime",

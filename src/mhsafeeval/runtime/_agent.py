@@ -108,6 +108,12 @@ class Agent:
     re-delivers a stored message to the async handlers of an agent that :meth:`answered` it not:
     the work that was in flight when the run stopped."""
 
+    publishes: ClassVar[tuple[type[Message], ...] | None] = None
+    """Every message type this agent's handlers may publish (its :attr:`outcomes` too), or
+    None: not declared. A graph whose nodes declare it is checked when it is built (see
+    :class:`~mhsafeeval.engine.Graph`): a handler for a type nothing publishes, or a published
+    type nothing handles, is refused there with one line instead of a run that stalls."""
+
     _handlers: ClassVar[tuple[tuple[type[Message], str, bool], ...]] = ()
     _dispatch_cache: ClassVar[dict[type[Message], tuple[tuple[str, bool], ...]]]
 

@@ -12,6 +12,7 @@ import msgspec
 __all__ = [
     "CORRELATION_FIELDS",
     "HandlerFailed",
+    "Intercepted",
     "Message",
     "MessageCollision",
     "decode_message",
@@ -63,6 +64,9 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
     publisher: str = ""
 
     schema_version: ClassVar[int] = 1
+    record: ClassVar[bool] = False
+    """True for a type kept for the log and the report only (an archive update, search
+    statistics): a graph's check does not ask that some agent handles it."""
 
     @property
     def id(self) -> str:
@@ -83,6 +87,11 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
     def tag(self) -> str:
         """The stored type name of this message."""
         return str(type(self).__struct_config__.tag)
+
+    @classmethod
+    def tag_name(cls) -> str:
+        """The stored type name of this message class."""
+        return str(cls.__struct_config__.tag)
 
     def child_ids(self, **overrides: Any) -> dict[str, Any]:
         """Correlation fields for a message caused by this one (``causation`` = this id).
@@ -169,6 +178,60 @@ class HandlerFailed(Message, frozen=True, tag="runtime.handler_failed"):
     message_id: str
     error_type: str
     error: str
+
+
+class Intercepted(Message, frozen=True, tag="runtime.intercepted"):
+    """An interceptor dropped or rewrote a message before any agent saw it (the record a
+    resumed run replays the same decision from).
+
+    It carries the original message's coordinates and causation, ``key`` is the original's
+    id and ``publisher`` the interceptor's name. ``original`` is the message it was given and
+    ``replacement`` what went on instead (JSON; "" when it was dropped): a run stopped between
+    the record and the replacement's storing publishes the replacement when it resumes.
+
+    Example:
+        >>> class Said(Message, frozen=True, tag="doc.said"):
+        ...     text: str
+        >>> said = Said(conversation="c1", text="a guarantee", publisher="counselor")
+        >>> record = Intercepted.of(said, "guardrail", None)
+        >>> record.action, record.original_publisher, record.key == said.id
+        ('dropped', 'counselor', True)
+    """
+
+    record = True
+
+    interceptor: str
+    action: str
+    """``dropped`` or ``rewritten``."""
+    message_type: str
+    message_id: str
+    original_publisher: str
+    original: str
+    replacement_id: str = ""
+    replacement: str = ""
+
+    @classmethod
+    def of(cls, original: Message, interceptor: str, replacement: Message | None) -> Intercepted:
+        """The record of ``interceptor`` turning ``original`` into ``replacement`` (None:
+        dropping it)."""
+        return cls(
+            campaign=original.campaign,
+            conversation=original.conversation,
+            turn=original.turn,
+            attempt=original.attempt,
+            branch=original.branch,
+            key=original.id,
+            causation=original.causation,
+            publisher=interceptor,
+            interceptor=interceptor,
+            action="dropped" if replacement is None else "rewritten",
+            message_type=original.tag,
+            message_id=original.id,
+            original_publisher=original.publisher,
+            original=encode_message(original).decode(),
+            replacement_id=replacement.id if replacement is not None else "",
+            replacement=encode_message(replacement).decode() if replacement is not None else "",
+        )
 
 
 def _all_subclasses(cls: type[Message]) -> Iterable[type[Message]]:

@@ -16,15 +16,26 @@ from anyio.abc import TaskGroup
 from structlog.contextvars import bind_contextvars
 
 from ._agent import Agent, AgentId
-from ._message import HandlerFailed, Message, MessageCollision, fingerprint, message_id
+from ._message import (
+    HandlerFailed,
+    Intercepted,
+    Message,
+    MessageCollision,
+    decode_message,
+    fingerprint,
+    message_id,
+)
 
-__all__ = ["Observer", "Runtime", "Scope"]
+__all__ = ["Interceptor", "Observer", "Runtime", "Scope"]
 
 log = structlog.get_logger("mhsafeeval.runtime")
 
 Scope = Literal["global", "conversation"]
 """How many instances of a registered agent type there are: one per conversation, or one."""
 Observer = Callable[[Message], Awaitable[None] | None]
+Interceptor = Callable[[Message], Message | None]
+"""Given a message before any agent sees it: returns it (pass), another message (rewrite) or
+None (drop). Synchronous: it runs inside ``publish``."""
 _FAIRNESS = 64  # messages a mailbox may handle in a row before yielding to other tasks
 _PARKED = 1024  # idle mailbox tasks kept for the next mailbox (asyncio; see Runtime._hand)
 OBSERVER_BACKLOG = 2000
@@ -56,12 +67,14 @@ class _Unbuilt(Agent):
 
 
 class _Replay:
-    __slots__ = ("fresh", "known", "suppressed")
+    __slots__ = ("fresh", "intercepted", "known", "replacements", "suppressed")
 
     def __init__(self, known: Container[str]) -> None:
         self.known = known
         self.fresh: list[tuple[Message, str]] = []
         self.suppressed = 0
+        self.intercepted: set[str] = set()  # ids an interceptor took before the stop
+        self.replacements: dict[str, str] = {}  # what it put on instead, by id (JSON)
 
 
 def _unpublished_id(msg: Message) -> str:
@@ -69,6 +82,18 @@ def _unpublished_id(msg: Message) -> str:
     earlier version holds for it (a resumed run of such a campaign finds its messages so)."""
     return message_id(
         msg.tag, msg.campaign, msg.conversation, msg.turn, msg.attempt, msg.branch, msg.key
+    )
+
+
+def _answer_intercepted(agent: Agent, children: Iterable[Message]) -> bool:
+    """Whether an interceptor dropped or rewrote this agent's answer (one of its outcomes,
+    published by its node): the answer was given, and the interceptor's decision stands."""
+    tags = {t.tag_name() for t in agent.outcomes}
+    return any(
+        isinstance(c, Intercepted)
+        and c.original_publisher == agent.id.type
+        and c.message_type in tags
+        for c in children
     )
 
 
@@ -217,6 +242,7 @@ class Runtime:
         self._replay: _Replay | None = None
         self._last: dict[str, Message] = {}
         self._published_ids: dict[str, dict[str, int]] = {}  # per open conversation
+        self._interceptors: list[tuple[str, tuple[type[Message], ...], Interceptor]] = []
         self._observers: list[_Mailbox] = []  # whose backlogs hold agents back
         self._caught_up: anyio.Event | None = None  # set when a backlogged observer drains
         self._parked: list[_Parked] = []  # idle mailbox tasks (asyncio only)
@@ -339,6 +365,44 @@ class Runtime:
         self._observers.append(mbox)
         self._start(mbox)
 
+    def intercept(
+        self, interceptor: Interceptor, *, name: str, types: tuple[type[Message], ...] = (Message,)
+    ) -> None:
+        """Put ``interceptor`` between publishers and everyone else for messages of ``types``.
+
+        It is called in :meth:`publish`, in the publisher's task, before any agent or
+        observer gets the message. Returning the message passes it on; returning another
+        message puts that one on the bus instead (keep the original's coordinates and
+        publisher, ``msgspec.structs.replace(msg, text=...)``, so it answers what the original
+        answered); returning None drops it. Each drop or rewrite is published first as an
+        :class:`Intercepted` record (stored with the rest), and a resumed run takes the
+        decision from there instead of asking again. Interceptors run in the order they were
+        added, each on what the previous one let through; one that raises fails the
+        publishing handler's conversation, like a handler that raises. Records and
+        ``HandlerFailed`` are never intercepted.
+        """
+        self._check_name(name)
+        self._interceptors.append((name, types, interceptor))
+        self._subs.append(_Subscription(name, (), None))  # holds the name
+
+    def _intercepted(self, msg: Message) -> Message | None:
+        for name, types, interceptor in self._interceptors:
+            if not isinstance(msg, types):
+                continue
+            out = interceptor(msg)
+            if out is msg:
+                continue
+            if out is not None and not isinstance(out, Message):
+                raise TypeError(
+                    f"interceptor {name!r} returned {type(out).__name__}: return the message, "
+                    "another Message, or None"
+                )
+            self._publish(Intercepted.of(msg, name, out), "")
+            if out is None:
+                return None
+            msg = out
+        return msg
+
     def _check_name(self, name: str) -> None:
         if any(s.name == name for s in self._subs):
             raise ValueError(f"an agent or observer named {name!r} is already registered")
@@ -415,6 +479,14 @@ class Runtime:
             else:
                 self._replay.fresh.append((msg, topic))
             return
+        if self._interceptors and not msg.record and type(msg) is not HandlerFailed:
+            out = self._intercepted(msg)
+            if out is None:
+                return
+            msg = out
+        self._publish(msg, topic)
+
+    def _publish(self, msg: Message, topic: str) -> None:
         conv = msg.conversation
         if self._unique_ids:
             ids = self._published_ids.get(conv)
@@ -496,6 +568,10 @@ class Runtime:
         """
         if self._replay is None:
             raise RuntimeError("call begin_replay() first")
+        if isinstance(msg, Intercepted):
+            self._replay.intercepted.add(msg.message_id)
+            if msg.replacement and msg.replacement_id not in self._replay.known:
+                self._replay.replacements[msg.replacement_id] = msg.replacement
         self._last[msg.conversation] = msg
         for sub, mbox in self._receivers(msg, topic):
             agent = mbox.agent
@@ -513,14 +589,19 @@ class Runtime:
 
     def end_replay(self) -> tuple[int, list[Message]]:
         """Stop replaying; publish, in order, what agents published that was not stored (the
-        decisions the stopped run made but had not recorded). Returns (messages dropped as
-        already stored, messages published)."""
+        decisions the stopped run made but had not recorded). A message an interceptor took
+        before the stop (its :class:`Intercepted` record was replayed) is not published again:
+        what it decided then stands. Returns (messages dropped as already stored or
+        intercepted, messages published)."""
         state, self._replay = self._replay, None
         if state is None:
             raise RuntimeError("no replay in progress")
-        for msg, topic in state.fresh:
+        for replacement in state.replacements.values():  # decided, then stopped before stored
+            self._publish(decode_message(replacement), "")
+        fresh = [(m, t) for m, t in state.fresh if m.id not in state.intercepted]
+        for msg, topic in fresh:
             self.publish(msg, topic=topic)
-        return state.suppressed, [msg for msg, _ in state.fresh]
+        return state.suppressed + len(state.fresh) - len(fresh), [msg for msg, _ in fresh]
 
     def redo(self, msg: Message, children: Iterable[Message], *, topic: str = "") -> list[str]:
         """Re-deliver a stored message to the async handlers of each agent that has not
@@ -534,7 +615,11 @@ class Runtime:
             agent = mbox.agent
             if agent is None:  # an observer
                 continue
-            if any(a for _, a in agent.dispatch(type(msg))) and not agent.answered(msg, done):
+            if (
+                any(a for _, a in agent.dispatch(type(msg)))
+                and not agent.answered(msg, done)
+                and not _answer_intercepted(agent, done)
+            ):
                 self._queue(mbox, _Redo(msg))
                 names.append(mbox.name)
         return names

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from mhsafeeval.messages import (
     ArchiveUpdated,
+    CallFailed,
     ClientUtterance,
     ConversationFinished,
     CounselorReply,
@@ -15,7 +16,9 @@ from mhsafeeval.messages import (
     Instruction,
     Message,
     Operator,
+    Unjudged,
     Verdict,
+    from_search_judge,
 )
 from mhsafeeval.runtime import Agent, on
 
@@ -39,6 +42,19 @@ class AttemptTexts:
 
 class ArchiveController(Agent):
     """Base of the shipped controllers: one :class:`HarmArchive` per counselor model."""
+
+    publishes: ClassVar[tuple[type[Message], ...] | None] = (ArchiveUpdated, ConversationFinished)
+
+    @staticmethod
+    def steers(msg: Message) -> bool:
+        """Whether a judge's answer steers the search: it comes from the search's judge
+        (:func:`~mhsafeeval.messages.from_search_judge`). Any other message does. A second
+        judge added to the graph rates the same replies for the report only."""
+        if isinstance(msg, Verdict | Unjudged) or (
+            isinstance(msg, CallFailed) and msg.agent == "judge"
+        ):
+            return from_search_judge(msg)
+        return True
 
     name: ClassVar[str] = "base"
 

@@ -16,7 +16,9 @@ import msgspec
 import structlog
 
 from mhsafeeval.messages import (
+    ArchiveUpdated,
     CallFailed,
+    ConversationFinished,
     ConversationStarted,
     Directive,
     Message,
@@ -87,6 +89,7 @@ class TurnController(ArchiveController):
     """
 
     name = "turn-loop"
+    publishes = (Directive, TurnCommitted, ArchiveUpdated, ConversationFinished)
     notes_kept: ClassVar[int] = 5
     """The recent refiner notes per counselor model and cell that a directive carries."""
     single_turn: ClassVar[bool] = False
@@ -225,7 +228,7 @@ class TurnController(ArchiveController):
 
     @on(Verdict)
     def verdict(self, msg: Verdict) -> None:
-        if (cur := self._current(msg)) is None:
+        if not self.steers(msg) or (cur := self._current(msg)) is None:
             return
         conv, attempt = cur
         attempt.verdict = msg
@@ -239,7 +242,7 @@ class TurnController(ArchiveController):
 
     @on(Unjudged)
     def unjudged(self, msg: Unjudged) -> None:
-        if (cur := self._current(msg)) is not None:
+        if self.steers(msg) and (cur := self._current(msg)) is not None:
             self._next_attempt(msg, cur[0])
 
     @on(RefinerNotes)
@@ -257,7 +260,7 @@ class TurnController(ArchiveController):
 
     @on(CallFailed)
     def call_failed(self, msg: CallFailed) -> None:
-        cur = self._current(msg)
+        cur = self._current(msg) if self.steers(msg) else None
         if cur is None:
             return
         conv, attempt = cur

@@ -32,7 +32,9 @@ import structlog
 from msgspec import Meta
 
 from mhsafeeval.messages import (
+    ArchiveUpdated,
     CallFailed,
+    ConversationFinished,
     ConversationStarted,
     Directive,
     Message,
@@ -131,6 +133,7 @@ class _Conv:
 class UCTController(ArchiveController):
     """Monte Carlo tree search over client moves; see the module docstring for the contract."""
 
+    publishes = (Directive, TurnCommitted, SearchStats, ArchiveUpdated, ConversationFinished)
     name = "uct"
 
     def __init__(
@@ -364,7 +367,7 @@ class UCTController(ArchiveController):
         launched after each, so what the search does never depends on the order in which
         replies arrive: a conversation's search is reproducible and a resumed run makes the
         same decisions."""
-        cur = self._sim(msg)
+        cur = self._sim(msg) if self.steers(msg) else None
         if cur is None or cur[1].outcome is not None:
             return  # stale, or a second outcome for one simulation (the first one counts)
         conv, sim = cur

@@ -40,7 +40,7 @@ holds is the conversations in flight when the events were stored, not the campai
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
@@ -66,8 +66,10 @@ from mhsafeeval.messages import (
     Unjudged,
     Usage,
     Verdict,
+    from_search_judge,
     is_omission,
 )
+from mhsafeeval.runtime import Intercepted
 
 __all__ = [
     "TEXT_EVENTS",
@@ -298,8 +300,11 @@ class TextFold:
         self.texts: dict[AttemptKey, AttemptTexts] = {}
 
     def add(self, event: Message) -> None:
-        """Fold one event in (events that carry no text are ignored)."""
-        if not isinstance(event, TextEvent):
+        """Fold one event in (events that carry no text are ignored, and so are the verdicts
+        of judges other than the search's)."""
+        if not isinstance(event, TextEvent) or (
+            isinstance(event, Verdict) and not from_search_judge(event)
+        ):
             return
         key = (event.conversation, event.turn, event.attempt, event.branch)
         t = self.texts.get(key)
@@ -377,6 +382,8 @@ class CampaignLog:
         self.attempts: dict[AttemptKey, AttemptFacts] = {}
         self.turns: dict[TurnKey, _Turn] = {}
         self.archive: dict[tuple[str, tuple[str, str]], Elite] = {}
+        self.intercepted: Counter[tuple[str, str, str]] = Counter()
+        """Messages interceptors took, by (interceptor, action, message type)."""
         """The latest elite per (counselor model, cell)."""
         # running totals, per counselor model (kept when conversations are forgotten)
         self.usage: dict[str, dict[str, RoleUsage]] = defaultdict(lambda: defaultdict(RoleUsage))
@@ -549,6 +556,11 @@ class CampaignLog:
         if isinstance(event, ArchiveUpdated):
             self.archive[(event.counselor_model, event.elite.cell)] = event.elite
             return
+        if isinstance(event, Intercepted):
+            self.intercepted[
+                (self._name(event.interceptor), event.action, self._name(event.message_type))
+            ] += 1
+            return
         facts = self.conversations.get(event.conversation)
         model = facts.counselor_model if facts is not None else None
         if isinstance(event, ConversationFinished):
@@ -627,6 +639,20 @@ class CampaignLog:
                 a.reply_kind = "cut"
             if event.usage is not None:
                 a.counselor_latency_s = (a.counselor_latency_s or 0.0) + event.usage.latency_s
+        elif isinstance(event, Verdict | Unjudged) and not from_search_judge(event):
+            # Another judge in the graph ([agents.NAME]): a rater of the same reply, like a
+            # panel member; the attempt's outcome is the search judge's.
+            rater = name(event.publisher)
+            if rater not in a.ratings or a.ratings[rater].severity is None:
+                judged = event if isinstance(event, Verdict) else None
+                a.ratings[rater] = RaterFacts(
+                    severity=judged.severity if judged else None,
+                    refused=judged.refused if judged else False,
+                    understood=judged.understood if judged else False,
+                    judge=name(event.judge),
+                    source="graph",
+                )
+            return
         elif isinstance(event, Verdict):
             if a.severity is not None:
                 a.extra_verdicts += 1
@@ -658,7 +684,9 @@ class CampaignLog:
                     source=name(event.source),
                 )
             return
-        elif isinstance(event, CallFailed) and event.agent == PANEL_AGENT:
+        elif isinstance(event, CallFailed) and (
+            event.agent == PANEL_AGENT or (event.agent == "judge" and not from_search_judge(event))
+        ):
             # A reporting judge's failure: not the attempt's (its outcome stands), counted apart.
             a.panel_failed += 1
             if model is not None:

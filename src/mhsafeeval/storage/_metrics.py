@@ -73,7 +73,7 @@ from typing import TypeVar
 
 import msgspec
 
-from mhsafeeval.messages import CallFailed, Message, Rating
+from mhsafeeval.messages import CallFailed, Message, Rating, Unjudged, Verdict, from_search_judge
 from mhsafeeval.stats import (
     RESAMPLES,
     SEED,
@@ -657,8 +657,17 @@ class CampaignTally:
         tallied goes to that reply's row here, and the log keeps nothing of it but its
         totals (it is not ``late``). One about a reply the tally does not hold stays late."""
         log.add(event, recorded_at, seq, priced=priced)
-        panel = isinstance(event, Rating) or (
-            isinstance(event, CallFailed) and event.agent == PANEL_AGENT
+        graph_judge = isinstance(event, Verdict | Unjudged) and not from_search_judge(event)
+        panel = (
+            graph_judge
+            or isinstance(event, Rating)
+            or (
+                isinstance(event, CallFailed)
+                and (
+                    event.agent == PANEL_AGENT
+                    or (event.agent == "judge" and not from_search_judge(event))
+                )
+            )
         )
         if not panel:
             return
@@ -672,6 +681,9 @@ class CampaignTally:
         if isinstance(event, Rating):
             self.rated = True
             ratings.rate(row, event.rater, _facts_of(event))
+        elif isinstance(event, Verdict):  # another judge in the graph: a rater of the reply
+            self.rated = True
+            ratings.rate(row, event.publisher, _facts_of(event))
         # The log counted the event in its totals (usage, failed calls) and opened an attempt
         # for it, as for any event of a forgotten conversation: that attempt goes again.
         log.late -= 1
@@ -802,13 +814,13 @@ _UNJUDGED = _ABSENT + 1
 """... and where its rating has no valid severity (counted apart, never read as safe)."""
 
 
-def _facts_of(rating: Rating) -> RaterFacts:
+def _facts_of(rating: Rating | Verdict) -> RaterFacts:
     return RaterFacts(
         severity=rating.severity,
         refused=rating.refused,
         understood=rating.understood,
         judge=rating.judge,
-        source=rating.source,
+        source=rating.source if isinstance(rating, Rating) else "graph",
     )
 
 
