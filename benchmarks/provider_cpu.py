@@ -1,14 +1,13 @@
-"""CPU per call of the ``openai/`` provider alone, by transport, against the mock server.
+"""CPU per call of the ``openai/`` provider on each backend (aiohttp, httpx2), on the mock server.
 
 The mock server of ``benchmarks/throughput.py`` (its own process, so its CPU is not counted)
 answers every request after ``--latency`` seconds. This process makes ``--calls`` calls with
 ``--concurrency`` in flight and prints the CPU time (``time.process_time()``: every thread of
 this process) per call of:
 
-* ``openai/`` with ``transport = "auto"`` (the lean HTTP/1.1 client on asyncio), the provider
-  alone (``OpenAIModel.complete``) and through ``open_model`` (limits, retries, deadlines);
-* ``openai/`` with ``transport = "aiohttp"`` (aiohttp directly), the same two ways;
-* ``openai/`` with ``transport = "sdk"`` (the SDK's ``post``), the same two ways;
+* ``openai/`` on asyncio (aiohttp), the provider alone (``OpenAIModel.complete``) and through
+  ``open_model`` (limits, retries, deadlines);
+* ``openai/`` under trio (httpx2), the same two ways;
 * the floor: the same request and decoding on a bare ``aiohttp.ClientSession``.
 
 Rounds alternate between the variants, so a machine that gets busier part-way through weighs
@@ -21,14 +20,14 @@ on all of them alike; the median of the rounds is printed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 from throughput import Server
 
@@ -45,24 +44,21 @@ MODEL = "demo-counselor"
 async def drive(call: Callable[[], Awaitable[Any]], calls: int, concurrency: int) -> float:
     """CPU ms per call of ``calls`` calls, ``concurrency`` at a time (after one warm-up)."""
     await call()
-    gate = asyncio.Semaphore(concurrency)
+    gate = anyio.Semaphore(concurrency)
 
     async def one() -> None:
         async with gate:
             await call()
 
     start = time.process_time()
-    await asyncio.gather(*(one() for _ in range(calls)))
+    async with anyio.create_task_group() as tg:
+        for _ in range(calls):
+            tg.start_soon(one)
     return (time.process_time() - start) / calls * 1000
 
 
-async def provider(url: str, transport: str, wrapped: bool, calls: int, c: int) -> float:
-    settings = ModelSettings(
-        provider=f"openai/{MODEL}",
-        api_base=url,
-        max_concurrency=c,
-        options={"transport": transport},
-    )
+async def provider(url: str, wrapped: bool, calls: int, c: int) -> float:
+    settings = ModelSettings(provider=f"openai/{MODEL}", api_base=url, max_concurrency=c)
     client = open_model(settings)
     model: Any = client if wrapped else client.inner  # the provider alone: no limits, retries
     try:
@@ -94,34 +90,28 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    variants: dict[str, Callable[[str], Coroutine[Any, Any, float]]] = {
-        "openai/ auto (lean HTTP/1.1), provider alone": lambda u: provider(
-            u, "auto", False, args.calls, args.concurrency
+    n, c = args.calls, args.concurrency
+    # name: (backend, what to run on it)
+    variants: dict[str, tuple[str, Callable[[str], Awaitable[float]]]] = {
+        "openai/ on asyncio (aiohttp), provider alone": (
+            "asyncio",
+            lambda u: provider(u, False, n, c),
         ),
-        "openai/ auto (lean HTTP/1.1), through open_model": lambda u: provider(
-            u, "auto", True, args.calls, args.concurrency
+        "openai/ on asyncio (aiohttp), through open_model": (
+            "asyncio",
+            lambda u: provider(u, True, n, c),
         ),
-        "openai/ aiohttp, provider alone": lambda u: provider(
-            u, "aiohttp", False, args.calls, args.concurrency
-        ),
-        "openai/ aiohttp, through open_model": lambda u: provider(
-            u, "aiohttp", True, args.calls, args.concurrency
-        ),
-        "openai/ sdk, provider alone": lambda u: provider(
-            u, "sdk", False, args.calls, args.concurrency
-        ),
-        "openai/ sdk, through open_model": lambda u: provider(
-            u, "sdk", True, args.calls, args.concurrency
-        ),
-        "bare aiohttp session (the floor)": lambda u: bare_aiohttp(u, args.calls, args.concurrency),
+        "openai/ on trio (httpx2), provider alone": ("trio", lambda u: provider(u, False, n, c)),
+        "openai/ on trio (httpx2), through open_model": ("trio", lambda u: provider(u, True, n, c)),
+        "bare aiohttp session (the floor)": ("asyncio", lambda u: bare_aiohttp(u, n, c)),
     }
     seen: dict[str, list[float]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="mhsafeeval-provider-cpu-") as tmp:
         server = Server(args.latency, Path(tmp))
         try:
             for _ in range(args.rounds):
-                for name, run in variants.items():
-                    seen[name].append(asyncio.run(run(f"{server.url}/v1")))
+                for name, (backend, run) in variants.items():
+                    seen[name].append(anyio.run(run, f"{server.url}/v1", backend=backend))
         finally:
             server.stop()
     print(

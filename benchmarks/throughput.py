@@ -5,10 +5,9 @@ chat request ``--latency`` seconds after its handler started, with the demo pers
 (the model name picks the persona: ``demo-client``, ``demo-judge``, ...): the reply is worked
 out within that time, not after it, as a server with a fixed latency would. A scripted
 campaign with every role on it runs through ``mhsafeeval run`` in a fresh process, once per
-provider (``openai``: ``openai/`` with its default transport, the lean HTTP/1.1 client;
-``openai:aiohttp`` and ``openai:sdk``: its other transports; ``litellm``: ``litellm/``) and
-per concurrency C, with at least ``--per-slot`` conversations per slot so that the tail does
-not dominate. For each run it prints:
+provider (``openai``: ``openai/``, on aiohttp; ``litellm``: ``litellm/``, which needs the
+``litellm`` extra) and per concurrency C, with at least ``--per-slot`` conversations per slot
+so that the tail does not dominate. For each run it prints:
 
 * calls and calls/s, and that rate over C / latency: what C sequential clients (the paper's code
   runs one conversation at a time, so at best 1 / latency calls/s) would reach (target >= 0.9);
@@ -23,7 +22,7 @@ not dominate. For each run it prints:
 ``--profile`` runs each campaign under cProfile as well and prints where its CPU goes, grouped
 by package.
 
-    python benchmarks/throughput.py [--providers openai,openai:aiohttp,litellm]
+    python benchmarks/throughput.py [--providers openai,litellm]
         [--concurrency 64,256] [--per-slot 16] [--latency 0.2] [--max-turns 1] [--profile]
 """
 
@@ -200,14 +199,14 @@ conversations_per_profile = {per_profile}
 profile_ids = {json.dumps(profiles)}
 """
     tables = []
-    kind, _, transport = provider.partition(":")  # openai, openai:aiohttp, openai:sdk, litellm
+    if provider not in ("openai", "litellm"):
+        raise SystemExit(f"--providers: {provider!r} is not openai or litellm")
     for table, persona in ROLES.items():
-        address = f"openai/{persona}" if kind == "openai" else f"litellm/openai/{persona}"
+        address = f"openai/{persona}" if provider == "openai" else f"litellm/openai/{persona}"
         tables.append(
             f'\n[{table}]\nprovider = "{address}"\napi_base = "{url}/v1"\n'
             f"max_concurrency = {concurrency}\ntimeout = 120\n"
-            + ('api_key_env = "BENCH_KEY"\n' if kind == "litellm" else "")
-            + (f'options.transport = "{transport}"\n' if transport else "")
+            + ('api_key_env = "BENCH_KEY"\n' if provider == "litellm" else "")
         )
     return head + "".join(tables)
 
@@ -222,7 +221,7 @@ def run_campaign(
     max_turns: int,
     profile: bool,
 ) -> dict[str, Any]:
-    tag = f"{provider.replace(':', '-')}-c{concurrency}-n{conversations}"
+    tag = f"{provider}-c{concurrency}-n{conversations}"
     tag += "-profiled" if profile else ""
     config = folder / f"{tag}.toml"
     config.write_text(

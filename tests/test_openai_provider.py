@@ -2,8 +2,8 @@
 
 Calls go through ``open_model`` as a campaign's do: the provider makes one HTTP request per
 attempt, :class:`ResilientClient` retries. Backoff waits are recorded, never slept. Every test
-runs on asyncio (the lean HTTP/1.1 client, ``transport = "auto"``) and trio (the SDK on
-httpx2); the tests under "transports" also run aiohttp's and the SDK's paths on asyncio.
+runs on asyncio (aiohttp) and trio (httpx), the two backends of the one HTTP stack
+(``_transport.py``); the tests under "both backends" compare them.
 """
 
 from __future__ import annotations
@@ -355,15 +355,13 @@ async def test_a_slow_server_times_out_each_attempt(
     assert len(fake_openai.requests) == 2
 
 
-async def test_sdk_retries_are_off_one_request_per_attempt(
-    fake_openai: FakeOpenAI, sleeps: RecordingSleep
-) -> None:
+async def test_one_request_per_attempt(fake_openai: FakeOpenAI, sleeps: RecordingSleep) -> None:
     fake_openai.default = Reply.error(503)
     async with open_fake(fake_settings(fake_openai, max_attempts=3), sleeps) as model:
         with pytest.raises(ModelCallError) as caught:
             await model.complete(HELLO)
     assert (caught.value.attempts, caught.value.retryable, caught.value.status) == (3, True, 503)
-    assert len(fake_openai.requests) == 3  # the SDK would have sent 3 per attempt
+    assert len(fake_openai.requests) == 3  # nothing retries below ResilientClient
     assert len(sleeps.waits) == 2
 
 
@@ -403,48 +401,13 @@ async def test_the_key_is_never_in_an_error_or_log(
     assert not [text for text in shown if KEY in text]
 
 
-# -- transports -----------------------------------------------------------------------------
+# -- both backends -------------------------------------------------------------------------
 
 
-def _sdk_post_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make the SDK's ``post`` fail loudly; the paths it was called for."""
-    import openai
-
-    called: list[str] = []
-
-    async def refuse(self: Any, path: str, **kwargs: Any) -> Any:
-        called.append(path)
-        raise AssertionError("the SDK's post was called")
-
-    monkeypatch.setattr(openai.AsyncOpenAI, "post", refuse)
-    return called
+BACKENDS = ("asyncio", "trio")
 
 
-TRANSPORTS = ("auto", "aiohttp", "sdk")
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_auto_and_aiohttp_on_asyncio_never_call_the_sdk(
-    fake_openai: FakeOpenAI, sleeps: RecordingSleep, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from mhsafeeval.runtime.providers._openai import _AiohttpClient, _LeanClient
-
-    called = _sdk_post_forbidden(monkeypatch)
-    for transport, kind in (("auto", _LeanClient), ("aiohttp", _AiohttpClient)):
-        settings = fake_settings(fake_openai, options={"transport": transport})
-        async with open_fake(settings, sleeps) as model:
-            assert (await model.complete(HELLO)).text == "hello"
-            assert type(inner(model).endpoint.client) is kind
-    assert called == []
-    settings = fake_settings(fake_openai, options={"transport": "sdk"}, max_attempts=1)
-    async with open_fake(settings, sleeps) as model:
-        with pytest.raises(ModelCallError, match="the SDK's post was called"):
-            await model.complete(HELLO)
-    assert called == ["/chat/completions"]
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_every_transport_sends_the_same_request(
+def test_both_backends_send_the_same_request(
     fake_openai: FakeOpenAI, sleeps: RecordingSleep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MHS_OPENAI_TEST_PROXY", "proxy-value")
@@ -453,20 +416,25 @@ async def test_every_transport_sends_the_same_request(
         "extra_headers_env": {"X-Proxy-Auth": "MHS_OPENAI_TEST_PROXY"},
         "extra_body": {"top_k": 20},
     }
-    for transport in TRANSPORTS:
-        settings = fake_settings(fake_openai, options={**options, "transport": transport})
-        async with open_fake(settings, sleeps) as model:
+
+    async def call() -> str:
+        async with open_fake(fake_settings(fake_openai, options=options), sleeps) as model:
             done = await model.complete(HELLO, CallParams(temperature=0.5, json_schema=SCHEMA))
-        assert done.text == "hello"
-    sent = fake_openai.requests
-    assert len(sent) == len(TRANSPORTS)
-    sdk = sent[-1]
-    for got in sent[:-1]:
-        assert (got.method, got.path, got.body) == (sdk.method, sdk.path, sdk.body)
-        for header in ("authorization", "content-type", "x-team", "x-proxy-auth"):
-            assert got.headers[header] == sdk.headers[header], header
-        assert got.headers["authorization"] == f"Bearer {KEY}"
-        assert got.headers["content-type"] == "application/json"
+        return done.text
+
+    assert [anyio.run(call, backend=backend) for backend in BACKENDS] == ["hello", "hello"]
+    on_asyncio, on_trio = fake_openai.requests
+    assert (on_asyncio.method, on_asyncio.path) == ("POST", "/v1/chat/completions")
+    assert (on_asyncio.method, on_asyncio.path, on_asyncio.body) == (
+        on_trio.method,
+        on_trio.path,
+        on_trio.body,
+    )
+    for header in ("authorization", "content-type", "accept", "user-agent", "x-team"):
+        assert on_asyncio.headers[header] == on_trio.headers[header], header
+    assert on_asyncio.headers["authorization"] == f"Bearer {KEY}"
+    assert on_asyncio.headers["x-proxy-auth"] == on_trio.headers["x-proxy-auth"] == "proxy-value"
+    assert on_asyncio.headers["user-agent"].startswith("mhsafeeval/")
 
 
 _ANSWERS = {
@@ -479,55 +447,88 @@ _ANSWERS = {
 }
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("answer", list(_ANSWERS))
-async def test_every_transport_sorts_an_answer_the_same(
+def test_both_backends_sort_an_answer_the_same(
     fake_openai: FakeOpenAI, sleeps: RecordingSleep, answer: str
 ) -> None:
     reply, kind, status, wait = _ANSWERS[answer]
-    errors: list[BaseException] = []
-    for transport in TRANSPORTS:
+
+    async def call() -> BaseException:
         fake_openai.script(reply)
-        model = open_fake(fake_settings(fake_openai, options={"transport": transport}), sleeps)
-        with pytest.raises(kind) as caught:
-            await inner(model).complete(HELLO)
-        await model.aclose()
-        errors.append(caught.value)
-    sdk = errors[-1]
-    for got in errors:
-        assert type(got) is type(sdk)
+        model = open_fake(fake_settings(fake_openai), sleeps)
+        try:
+            with pytest.raises(kind) as caught:
+                await inner(model).complete(HELLO)
+        finally:
+            await model.aclose()
+        return caught.value
+
+    on_asyncio, on_trio = (anyio.run(call, backend=backend) for backend in BACKENDS)
+    assert type(on_asyncio) is type(on_trio)
+    for got in (on_asyncio, on_trio):
         assert (getattr(got, "status", None), getattr(got, "retry_after", None)) == (status, wait)
-        if status is not None:  # the same exception name and status text as the SDK's
-            assert str(got).split(" - ")[0] == str(sdk).split(" - ")[0]
+    if status is not None:  # the SDK's exception name and the status, on both
+        assert str(on_asyncio).split(" - ")[0] == str(on_trio).split(" - ")[0]
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.parametrize("transport", ["auto", "aiohttp"])
-async def test_the_direct_paths_time_out_and_name_the_limit(
-    fake_openai: FakeOpenAI, sleeps: RecordingSleep, transport: str
-) -> None:
+async def test_a_timeout_names_the_limit(fake_openai: FakeOpenAI, sleeps: RecordingSleep) -> None:
     fake_openai.default = Reply.chat().after(60)
-    settings = fake_settings(fake_openai, timeout=0.3, options={"transport": transport})
-    model = open_fake(settings, sleeps)
+    model = open_fake(fake_settings(fake_openai, timeout=0.3), sleeps)
     with pytest.raises(TransientProviderError, match=r"timed out after 0.3 s"):
         await inner(model).complete(HELLO)
     await model.aclose()
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_no_server_is_a_transient_connection_error(sleeps: RecordingSleep) -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    for transport in TRANSPORTS:
-        settings = ModelSettings(
-            provider="openai/fake-model", api_base=f"http://127.0.0.1:{port}/v1",
-            timeout=5.0, max_attempts=1, options={"transport": transport},
-        )  # fmt: skip
-        model = open_fake(settings, sleeps)
-        with pytest.raises(TransientProviderError, match=r"(?i)connect"):
-            await inner(model).complete(HELLO)
-        await model.aclose()
+    settings = ModelSettings(
+        provider="openai/fake-model", api_base=f"http://127.0.0.1:{port}/v1",
+        timeout=5.0, max_attempts=1,
+    )  # fmt: skip
+    model = open_fake(settings, sleeps)
+    with pytest.raises(TransientProviderError, match=r"(?i)connect"):
+        await inner(model).complete(HELLO)
+    await model.aclose()
+
+
+async def test_a_redirect_is_not_followed(fake_openai: FakeOpenAI, sleeps: RecordingSleep) -> None:
+    """A POST is never sent on to where a server points: the table names the wrong address."""
+    fake_openai.script(Reply.error(308, headers={"Location": "http://127.0.0.1:9/v1/chat"}))
+    model = open_fake(fake_settings(fake_openai), sleeps)
+    with pytest.raises(PermanentProviderError) as caught:
+        await inner(model).complete(HELLO)
+    assert caught.value.status == 308
+    assert len(fake_openai.requests) == 1
+    await model.aclose()
+
+
+@pytest.mark.parametrize("transport", ["auto", "aiohttp"])
+async def test_the_old_transport_names_still_read_and_mean_the_one_stack(
+    fake_openai: FakeOpenAI, sleeps: RecordingSleep, transport: str
+) -> None:
+    settings = fake_settings(fake_openai, options={"transport": transport})
+    assert settings_problems(settings) == []
+    async with open_fake(settings, sleeps) as model:
+        assert (await model.complete(HELLO)).text == "hello"
+
+
+def test_the_sdk_transport_is_refused_by_check_in_one_line(tmp_path: Path) -> None:
+    settings = ModelSettings(provider="openai/m", options={"transport": "sdk"})
+    [(field, reason)] = settings_problems(settings)
+    assert field == "options.transport"
+    assert "removed" in reason and "delete the option" in reason
+    config = tmp_path / "c.toml"
+    config.write_text(
+        (ROOT / "examples" / "campaign.toml").read_text()
+        + '\n[counselors.gpt]\nprovider = "openai/m"\napi_base = "http://127.0.0.1:9/v1"\n'
+        + 'options = { transport = "sdk" }\n'
+    )
+    checked = cli("check", str(config))
+    assert checked.returncode == 2, checked.stderr
+    [line] = checked.stderr.strip().splitlines()
+    assert "counselors.gpt.options.transport" in line and '"sdk" was removed' in line, line
 
 
 # -- one client per endpoint ----------------------------------------------------------------
@@ -543,12 +544,12 @@ async def test_tables_on_one_endpoint_share_one_client_sized_to_the_widest(
     await narrow.complete(HELLO)
     await wide.complete(HELLO)
     assert inner(narrow).endpoint is inner(wide).endpoint is inner(other).endpoint
-    client = inner(narrow).endpoint.client
+    client = inner(narrow).endpoint.session
     assert client is not None
     # One model (two tables, one limit of 6) plus another model (its own limit of 4).
     assert inner(narrow).endpoint.pool_size == 6 + 4
     await other.complete(HELLO)
-    assert inner(other).endpoint.client is client
+    assert inner(other).endpoint.session is client
     for model in (narrow, wide, other):
         await model.aclose()
     assert client.is_closed()
@@ -580,7 +581,7 @@ async def test_a_wider_table_opened_later_widens_the_pool_safely(
 ) -> None:
     first = open_fake(fake_settings(fake_openai, max_concurrency=2), sleeps)
     await first.complete(HELLO)
-    old = inner(first).endpoint.client
+    old = inner(first).endpoint.session
     assert old is not None
     fake_openai.script(Reply.chat("late").hold())
     answers: list[Completion] = []
@@ -592,13 +593,12 @@ async def test_a_wider_table_opened_later_widens_the_pool_safely(
         tg.start_soon(ask_first)
         await anyio.to_thread.run_sync(fake_openai.wait_for_requests, 2)
         later = open_fake(fake_settings(fake_openai, max_concurrency=8, seed=3), sleeps)
-        done = await later.complete(HELLO)  # a new, wider client; the old one is busy
-        new = inner(later).endpoint.client
+        done = await later.complete(HELLO)  # a new, wider session; the old one is busy
+        new = inner(later).endpoint.session
         assert new is not old and inner(later).endpoint.pool_size == 8
-        assert not old.is_closed()
+        assert old.is_closed()  # it takes no new request, and finishes the one it has
         fake_openai.release()
-    assert old.is_closed()  # closed once its last request was answered
-    assert [a.text for a in answers] == ["late"] and done.text == "hello"
+    assert [(a.text, a.attempts) for a in answers] == [("late", 1)] and done.text == "hello"
     await first.aclose()
     await later.aclose()
     assert new is not None and new.is_closed()
@@ -610,7 +610,7 @@ async def test_closing_one_model_spares_the_other_in_flight(
     first = open_fake(fake_settings(fake_openai), sleeps)
     second = open_fake(fake_settings(fake_openai, temperature=0.3), sleeps)
     await first.complete(HELLO)
-    client = inner(first).endpoint.client
+    client = inner(first).endpoint.session
     fake_openai.script(Reply.chat("late").hold())
     answers: list[Completion] = []
 
@@ -732,12 +732,12 @@ def test_importing_mhsafeeval_does_not_import_openai() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_calls_on_asyncio_never_import_the_sdk(fake_openai: FakeOpenAI) -> None:
-    # Importing the SDK costs about a second of start-up; the aiohttp path does not need it,
-    # errors included (a 429 is sorted without it).
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_calls_never_import_the_sdk(fake_openai: FakeOpenAI, backend: str) -> None:
+    # openai/ needs no SDK at all (it is not a dependency): errors are sorted by status.
     fake_openai.script(Reply.error(429), Reply.chat("fine"))
     code = (
-        "import sys, asyncio\n"
+        "import sys, anyio\n"
         "from mhsafeeval.runtime.providers import ModelSettings, ChatMessage, open_model\n"
         "async def main():\n"
         f"    settings = ModelSettings(provider='openai/m', api_base='{fake_openai.url}/v1',\n"
@@ -746,8 +746,9 @@ def test_calls_on_asyncio_never_import_the_sdk(fake_openai: FakeOpenAI) -> None:
         "    done = await model.complete([ChatMessage('user', 'hi')])\n"
         "    await model.aclose()\n"
         "    assert (done.text, done.attempts) == ('fine', 2), done\n"
-        "asyncio.run(main())\n"
+        f"anyio.run(main, backend={backend!r})\n"
         "assert 'openai' not in sys.modules, 'the SDK was imported'\n"
+        "assert 'litellm' not in sys.modules, 'litellm was imported'\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "mhsafeeval"
-HEAVY = ("litellm", "vllm", "llama_cpp", "aiosqlite", "openai", "httpx", "ray")
+HEAVY = ("litellm", "vllm", "llama_cpp", "aiosqlite", "openai", "httpx", "httpx2", "aiohttp", "ray")
 
 
 def test_import_does_not_pull_heavy_dependencies() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 import pytest
@@ -21,6 +24,7 @@ from mhsafeeval.runtime.providers import (
     available_providers,
     open_model,
     provider,
+    settings_problems,
 )
 from mhsafeeval.runtime.providers._scripted import ScriptedModel, ScriptExhausted
 from mhsafeeval.runtime.providers._types import ProviderUnavailable
@@ -28,6 +32,7 @@ from mhsafeeval.testing import register_script
 
 pytestmark = pytest.mark.anyio
 HELLO = [ChatMessage("user", "hello")]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def settings(name: str, **kw: object) -> ModelSettings:
@@ -386,3 +391,35 @@ async def test_a_model_that_keeps_failing_is_paused_then_tried_again() -> None:
 def test_breaker_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="breaker_threshold"):
         ModelSettings(provider="scripted/echo", breaker_threshold=-1)
+
+
+def test_a_missing_optional_sdk_is_one_line_naming_the_model_and_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """litellm is an extra (``pip install 'mhsafeeval[litellm]'``): without it, ``check`` and
+    ``run`` refuse a litellm/ table in one line that says what to install (exit 2, nothing
+    written), and stored usage is priced as unknown instead of failing the report."""
+    from mhsafeeval.cli import main
+    from mhsafeeval.costs import model_cost
+
+    monkeypatch.setitem(sys.modules, "litellm", None)  # as if it were not installed
+    address = "litellm/openai/gpt-4o-mini"
+    hint = "pip install 'mhsafeeval[litellm]'"
+    [(field, reason)] = settings_problems(ModelSettings(provider=address))
+    assert field == "provider"
+    assert address in reason and hint in reason
+    with pytest.raises(ProviderUnavailable, match=re.escape(hint)):
+        open_model(address)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        (ROOT / "examples" / "campaign.toml").read_text()
+        + f'\n[counselors.hosted]\nprovider = "{address}"\n'
+    )
+    capsys.readouterr()
+    assert main(["check", str(config)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "counselors.hosted.provider" in line and address in line and hint in line, line
+    db = tmp_path / "c.db"
+    assert main(["run", str(config), "--db", str(db)]) == 2
+    assert hint in capsys.readouterr().err and not db.exists()
+    assert model_cost("openai/gpt-4o-mini", 1000, 1000) is None  # unknown, not an error

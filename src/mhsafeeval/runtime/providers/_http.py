@@ -4,9 +4,10 @@
 the app is and how to talk to it (:class:`HttpOptions`): the URL and method, the headers (a
 credential only through ``extra_headers_env``, which names environment variables), a JSON body
 template filled in with the conversation, and a JMESPath expression that finds the reply text
-in the JSON answer. Every call is one HTTP request;
-:class:`~mhsafeeval.runtime.providers.ResilientClient` owns retries, deadlines and the
-concurrency limit, as for any model.
+in the JSON answer. Every call is one HTTP request, sent through the providers' one HTTP stack
+(:mod:`~mhsafeeval.runtime.providers._transport`: aiohttp on asyncio, httpx2 under trio; no
+redirects followed, no cookies kept); :class:`~mhsafeeval.runtime.providers.ResilientClient`
+owns retries, deadlines and the concurrency limit, as for any model.
 
 The body template is any JSON value; a string that is exactly one of these placeholders is
 replaced by its value (``$$`` starts a literal string beginning with ``$``):
@@ -22,8 +23,9 @@ $session_id   one stable id per conversation (also allowed inside ``url``)
 ============  ================================================================================
 
 How failures are sorted: connection errors, timeouts, statuses 408, 409, 425, 429 and >= 500
-are transient (Retry-After is honoured), any other status is permanent, and so is an answer
-without a reply text where ``reply_path`` points; an answer that is not JSON is transient.
+are transient (Retry-After is honoured), any other status from 300 up is permanent (a
+redirect is not followed), and so is an answer without a reply text where ``reply_path``
+points; an answer that is not JSON is transient.
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
-import anyio
 import jmespath
 import jmespath.exceptions
 import msgspec
@@ -42,6 +43,7 @@ import msgspec
 from .._redact import redact, register_secret
 from ._openai_compat import by_status, env_headers, error_text, retry_after_in
 from ._registry import provider, typed_options
+from ._transport import CannotSend, Endpoint, NoAnswer, transport_failure
 from ._types import (
     CallParams,
     ChatMessage,
@@ -51,9 +53,6 @@ from ._types import (
     ProviderUnavailable,
     TransientProviderError,
 )
-
-if TYPE_CHECKING:
-    import httpx
 
 __all__ = [
     "PLACEHOLDERS",
@@ -242,12 +241,16 @@ class HttpApp:
         self.name = f"http/{model}"
         self.options = typed_options(settings, HttpOptions)
         self._settings = settings
-        self._headers = headers
         self._reply = jmespath.compile(self.options.reply_path)
         self._usage = (
             None if self.options.usage_path is None else jmespath.compile(self.options.usage_path)
         )
-        self._client: httpx.AsyncClient | None = None
+        # One pool per app table, as wide as its max_concurrency.
+        self._endpoint = Endpoint(
+            self.options.url.replace("$session_id", "x"),
+            {**_JSON, **self.options.extra_headers, **headers},
+        )
+        self._endpoint.join(self, self.connection_key, settings.max_concurrency)
         self._closed = False
 
     @property
@@ -263,18 +266,6 @@ class HttpApp:
         """Unknown: an app's cost is its own business."""
         return None
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            import httpx
-
-            size = self._settings.max_concurrency
-            self._client = httpx.AsyncClient(
-                timeout=self._settings.timeout,
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-                headers={**_JSON, **self.options.extra_headers, **self._headers},
-            )
-        return self._client
-
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
     ) -> Completion:
@@ -284,8 +275,6 @@ class HttpApp:
             TransientProviderError: worth retrying (module docstring).
             PermanentProviderError: retrying will not help.
         """
-        import httpx
-
         if self._closed:
             raise PermanentProviderError(f"{self.name}: the model is closed")
         session = (params or CallParams()).session_id
@@ -298,25 +287,28 @@ class HttpApp:
                 headers[self.options.session_header] = session
         body = fill(self.options.body, app_values(messages, session))
         try:
-            response = await self._http().request(
-                self.options.method, url, content=_ENCODE(body), headers=headers
+            sender = await self._endpoint.take()
+            response = await sender.send(
+                self.options.method,
+                url,
+                _ENCODE(body),
+                headers=headers,
+                limit_s=self._settings.timeout,
             )
-        except httpx.TransportError as exc:  # timeouts, refused and dropped connections
-            raise TransientProviderError(f"{self.name}: {error_text(exc, None)}") from exc
-        except httpx.HTTPError as exc:  # too many redirects, a URL httpx refuses
-            raise PermanentProviderError(f"{self.name}: {error_text(exc, None)}") from exc
-        if response.status_code >= 400:
+        except (NoAnswer, TimeoutError, CannotSend) as exc:
+            raise transport_failure(exc, f"{self.name}: {error_text(exc, None)}") from exc
+        if response.status >= 300:
             # Redacted before it is cut (a cut key would not be recognised): an error page
             # may echo the request's headers, the key among them.
-            text = redact(response.text[:4000])[:300]
+            text = redact(response.body[:4000].decode("utf-8", "replace"))[:300]
             raise by_status(
-                f"{self.name}: HTTP {response.status_code}: {text}",
-                response.status_code,
+                f"{self.name}: HTTP {response.status}: {text}",
+                response.status,
                 retry_after=retry_after_in((response.headers,)),
                 response_format=False,
             )
         try:
-            answer = msgspec.json.decode(response.content)
+            answer = msgspec.json.decode(response.body)
         except msgspec.DecodeError as exc:
             raise TransientProviderError(f"{self.name}: the answer is not JSON: {exc}") from exc
         return self._completion(answer)
@@ -344,12 +336,9 @@ class HttpApp:
         )
 
     async def aclose(self) -> None:
-        """Close the connection pool. Idempotent."""
+        """Close the connection pool. Idempotent; never raises."""
         self._closed = True
-        client, self._client = self._client, None
-        if client is not None:
-            with anyio.CancelScope(shield=True):
-                await client.aclose()
+        await self._endpoint.aclose()
 
 
 @provider(

@@ -172,7 +172,7 @@ class LiteLLMOptions(msgspec.Struct, frozen=True, kw_only=True):
 def check_litellm_settings(model: str, settings: ModelSettings) -> list[tuple[str, str]]:
     """Options litellm would not take, and a model whose provider litellm cannot tell
     (``opnai/gpt-4o-mini``), found offline with litellm's own provider lookup."""
-    ll = import_litellm()
+    ll = import_litellm(f"litellm/{model}")
     problems = _option_problems(settings, ll)
     try:
         resolved, _, _, _ = ll.get_llm_provider(model=model, api_base=settings.api_base)
@@ -250,7 +250,8 @@ def _wrong_type(value: Any, annotation: Any) -> str | None:
 
 def token_price(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
     """USD of these tokens of ``model`` (a litellm model string; a ``litellm/`` prefix is
-    dropped) from litellm's bundled price map (no network), or ``None`` if it has no price.
+    dropped) from litellm's bundled price map (no network), or ``None`` if it has no price or
+    litellm (an optional dependency) is not installed.
 
     Example:
         >>> token_price("no-such-model-anywhere", 10, 10) is None
@@ -259,28 +260,38 @@ def token_price(model: str, prompt_tokens: int, completion_tokens: int) -> float
     if not (prompt_tokens or completion_tokens):
         return 0.0
     try:
-        prompt, completion = import_litellm().cost_per_token(
+        ll = import_litellm(model)
+    except ProviderUnavailable:  # no price map without litellm: the price is unknown
+        return None
+    try:
+        prompt, completion = ll.cost_per_token(
             model=model.removeprefix("litellm/"),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
-    except ProviderUnavailable:
-        raise
     except Exception:  # litellm raises plain Exceptions for unknown models
         return None
     return float(prompt) + float(completion)
 
 
-def import_litellm() -> Any:
-    """Import litellm the way this adapter needs it (offline, quiet)."""
+def import_litellm(address: str = "litellm/ models") -> Any:
+    """Import litellm the way this adapter needs it (offline, quiet).
+
+    Raises:
+        ProviderUnavailable: litellm is not installed (it is an optional dependency): one line
+            naming ``address`` and the command that installs it.
+    """
     # Without this, importing litellm fetches the model cost map over the network.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
     except ImportError as exc:
+        if exc.name != "litellm":  # installed, but something it imports is not
+            raise ProviderUnavailable(f"{address}: litellm does not import: {exc}") from exc
         raise ProviderUnavailable(
-            "the litellm provider needs the litellm package: pip install litellm"
-        ) from exc
+            f"{address} needs litellm, an optional dependency that is not installed: "
+            "pip install 'mhsafeeval[litellm]'"
+        ) from None
     # Otherwise litellm prints a "Give Feedback / Get Help" banner to stdout on every error.
     litellm.suppress_debug_info = True
     return litellm
@@ -560,7 +571,7 @@ def litellm_factory(model: str, settings: ModelSettings) -> LiteLLMModel:
                 f"litellm/{model}: the environment variable {settings.api_key_env} "
                 "(api_key_env) is not set or empty"
             )
-    ll = import_litellm()
+    ll = import_litellm(f"litellm/{model}")
     for field, reason in _option_problems(settings, ll):
         raise SettingsError(f"litellm/{model}", field, reason)
     return LiteLLMModel(model, settings, api_key=api_key, litellm=ll)

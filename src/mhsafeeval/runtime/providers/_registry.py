@@ -74,11 +74,11 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
         ),
         "litellm": (
             "mhsafeeval.runtime.providers._litellm",
-            "Any model litellm reaches (hosted APIs, vLLM servers, Ollama)",
+            "Any model litellm reaches (hosted APIs, vLLM servers, Ollama) (extra: litellm)",
         ),
         "openai": (
             "mhsafeeval.runtime.providers._openai",
-            "OpenAI or any OpenAI-compatible server (vLLM, llama.cpp, Ollama), lean openai SDK",
+            "OpenAI or any OpenAI-compatible server (vLLM, llama.cpp, Ollama), no SDK needed",
         ),
         "local": (
             "mhsafeeval.runtime.providers._local",
