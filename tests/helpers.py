@@ -67,6 +67,39 @@ def best_severity(archive: HarmArchive, cell: CellId) -> int | None:
     return None if best is None else best.severity
 
 
+def kill_at_points(
+    command: list[str], db: Path, total: int, *, kills: int, seed: int, wait_s: float = 60
+) -> list[int]:
+    """Start ``command`` again and again, SIGKILLing it once ``db`` holds a chosen number of
+    events (spread over what is left of ``total``, plus up to 30 ms, to land between
+    commits); returns the event counts at which a run was really killed mid-way. A run that
+    finishes first must exit 0."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    killed: list[int] = []
+    for i in range(kills):
+        current = stored_count(db)
+        target = current + rng.randint(1, max(2, (total - current) // (kills - i + 1)))
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + wait_s
+        while proc.poll() is None and stored_count(db) < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.03))
+        if proc.poll() is not None:  # it finished first
+            _, err = proc.communicate()
+            assert proc.returncode == 0, err
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        killed.append(stored_count(db))
+    return killed
+
+
 def stored_count(db: Path) -> int:
     """Events committed to a SQLite store so far (0 before it exists), read without a lock."""
     import sqlite3

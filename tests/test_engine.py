@@ -7,12 +7,9 @@ The graphs here are not MHSafeEval's: a few small agents of the tests' own, and 
 from __future__ import annotations
 
 import json
-import random
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import ClassVar
@@ -21,7 +18,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from helpers import stored_count
+from helpers import kill_at_points, stored_count
 from mhsafeeval.engine import Graph, Node, run_graph
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignFinished, ConversationFinished
@@ -222,29 +219,8 @@ def test_the_custom_graph_example_killed_at_several_points_resumes_exactly(
     clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
     subprocess.run(_example(clean), check=True, capture_output=True, timeout=120)
     total = stored_count(clean)
-    rng = random.Random(7)
-    killed: list[int] = []
-    for i in range(6):
-        current = stored_count(crashed)
-        target = current + rng.randint(1, max(2, (total - current) // (6 - i + 1)))
-        proc = subprocess.Popen(
-            _example(crashed, "--delay", "0.15"),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 60
-        while (
-            proc.poll() is None and stored_count(crashed) < target and time.monotonic() < deadline
-        ):
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.03))
-        if proc.poll() is not None:  # it finished first
-            assert proc.communicate()[1] is not None and proc.returncode == 0
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-        killed.append(stored_count(crashed))
+    command = _example(crashed, "--delay", "0.15")
+    killed = kill_at_points(command, crashed, total, kills=6, seed=7)
     assert len(killed) >= 4 and all(0 < k < total for k in killed), (killed, total)
     done = subprocess.run(
         _example(crashed), check=True, capture_output=True, text=True, timeout=120

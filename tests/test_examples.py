@@ -4,12 +4,9 @@ points and run again stores exactly the events of a run nobody killed."""
 from __future__ import annotations
 
 import json
-import random
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from helpers import cli, stored_count
+from helpers import cli, kill_at_points, stored_count
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -70,26 +67,7 @@ def kill_and_resume(command: Callable[[Path], list[str]], tmp_path: Path) -> dic
     clean, crashed = tmp_path / "clean.db", tmp_path / "crashed.db"
     subprocess.run(command(clean), check=True, capture_output=True, timeout=300)
     total = stored_count(clean)
-    rng = random.Random(11)
-    killed: list[int] = []
-    for i in range(5):
-        current = stored_count(crashed)
-        target = current + rng.randint(1, max(2, (total - current) // (5 - i + 1)))
-        proc = subprocess.Popen(
-            command(crashed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and stored_count(crashed) < target:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.03))
-        if proc.poll() is not None:  # it finished first
-            assert proc.communicate()[1] is not None and proc.returncode == 0
-            break
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-        killed.append(stored_count(crashed))
+    killed = kill_at_points(command(crashed), crashed, total, kills=5, seed=11, wait_s=120)
     assert len(killed) >= 3 and all(0 < k < total for k in killed), (killed, total)
     done = subprocess.run(command(crashed), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
