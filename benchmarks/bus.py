@@ -18,7 +18,7 @@ import time
 
 import anyio
 
-from mhsafeeval.runtime import Agent, AgentId, Message, Runtime, on
+from mhsafeeval.framework import Agent, AgentId, Message, Runtime, on
 
 RING = 5
 

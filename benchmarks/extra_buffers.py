@@ -17,8 +17,8 @@ import statistics
 import time
 from typing import Any
 
-from mhsafeeval.runtime.providers._llama_load import cpu_has_amx, load_llama
-from mhsafeeval.runtime.providers._local import builtin_model_path
+from mhsafeeval.providers._llama_load import cpu_has_amx, load_llama
+from mhsafeeval.providers._local import builtin_model_path
 
 PROMPT = (
     "You are a warm, careful counselor. A client writes: I lost my job last month, I can't "

@@ -19,9 +19,9 @@ from typing import Any
 import anyio
 
 from mhsafeeval.judges import VERDICT_SCHEMA
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings, open_model
-from mhsafeeval.runtime.providers._llama_load import load_llama
-from mhsafeeval.runtime.providers._local import (
+from mhsafeeval.providers import CallParams, ChatMessage, ModelSettings, open_model
+from mhsafeeval.providers._llama_load import load_llama
+from mhsafeeval.providers._local import (
     bounded_schema,
     builtin_model_path,
     gemma_prompt,

@@ -90,9 +90,9 @@ def retained_per_conversation(n: int) -> float:
 
     from mhsafeeval.campaign import run_campaign
     from mhsafeeval.config import parse_config
+    from mhsafeeval.framework import configure_logging
     from mhsafeeval.messages import ConversationFinished, Message
     from mhsafeeval.progress import Progress
-    from mhsafeeval.runtime import configure_logging
     from mhsafeeval.storage import MemoryEventStore
     from mhsafeeval.testing import scripted_models
 

@@ -31,7 +31,7 @@ import anyio
 import msgspec
 from throughput import Server
 
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings, open_model
+from mhsafeeval.providers import CallParams, ChatMessage, ModelSettings, open_model
 
 MESSAGES = [
     ChatMessage("system", "You are a counselor. " * 20),

@@ -182,7 +182,7 @@ def main() -> None:
 
     import ray
 
-    from mhsafeeval.runtime import configure_logging
+    from mhsafeeval.framework import configure_logging
 
     configure_logging("warning")  # as `mhsafeeval run` does (and the workers do)
 

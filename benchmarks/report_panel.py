@@ -55,7 +55,7 @@ BUILD = """
 import json, sys, anyio
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import read_config
-from mhsafeeval.runtime import configure_logging
+from mhsafeeval.framework import configure_logging
 from mhsafeeval.storage import SqliteEventStore
 from mhsafeeval.testing import demo_judge, register_script
 

@@ -45,7 +45,7 @@ BUILD = """
 import sys, anyio
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import read_config
-from mhsafeeval.runtime import configure_logging
+from mhsafeeval.framework import configure_logging
 from mhsafeeval.storage import SqliteEventStore
 configure_logging(level="error")
 async def main():

@@ -49,7 +49,7 @@ async def run(config_path: Path, db: Path, expect: str) -> None:
     """Run (or resume) the campaign; print its CPU time (what ``--child`` runs)."""
     from mhsafeeval.campaign import run_campaign
     from mhsafeeval.config import read_config
-    from mhsafeeval.runtime import configure_logging
+    from mhsafeeval.framework import configure_logging
     from mhsafeeval.storage import SqliteEventStore
 
     configure_logging(level="error")

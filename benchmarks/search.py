@@ -34,9 +34,9 @@ import anyio
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
+from mhsafeeval.framework import configure_logging
 from mhsafeeval.messages import ConversationStarted, CounselorReply, Message, Verdict
-from mhsafeeval.runtime import configure_logging
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
+from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import (

@@ -62,7 +62,7 @@ def serve(port_file: Path, latency: float) -> None:
     """Run the mock server until killed; writes its port to ``port_file`` once listening."""
     from aiohttp import web
 
-    from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings, open_model
+    from mhsafeeval.providers import CallParams, ChatMessage, ModelSettings, open_model
 
     # The scripted demo personas answer: the same replies a scripted campaign gets.
     personas = {

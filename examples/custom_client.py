@@ -28,10 +28,10 @@ import anyio
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import load_config
-from mhsafeeval.engine import Node
+from mhsafeeval.framework import Agent, on
+from mhsafeeval.framework.engine import Node
 from mhsafeeval.messages import CallFailed, ClientUtterance, Instruction
 from mhsafeeval.report import load_reports_and_logs, render_text
-from mhsafeeval.runtime import Agent, on
 from mhsafeeval.storage import SqliteEventStore
 
 HERE = Path(__file__).parent

@@ -1,12 +1,12 @@
 """Compose your own agent graph and run it through mhsafeeval's engine.
 
 A small graph: a client asks questions, a counselor answers through a model (scripted here, so
-it runs anywhere in a second), a guardrail of yours checks each answer before the client sees it,
-and an observer tallies what happened. The engine (:func:`mhsafeeval.engine.run_graph`) gives it
-what makes a campaign trustworthy: conversations scheduled a few at a time, every message
-stored, a failure that ends one conversation only, and **resume**: kill the run at any point and
-run the same command again, and it continues where it stopped, asking the model only what was
-never answered.
+it runs anywhere in a second), a guardrail of yours checks each answer before the client sees
+it, and an observer tallies what happened. The engine
+(:func:`mhsafeeval.framework.engine.run_graph`) gives it what makes a campaign trustworthy:
+conversations scheduled a few at a time, every message stored, a failure that ends one
+conversation only, and **resume**: kill the run at any point and run the same command again, and
+it continues where it stopped, asking the model only what was never answered.
 
     python examples/custom_graph.py                      # scripted model, in memory
     python examples/custom_graph.py --db demo.db         # stored; kill it and run it again
@@ -33,10 +33,10 @@ from pathlib import Path
 import anyio
 
 from mhsafeeval import Agent, ChatMessage, Message, ModelClient, ModelSettings, on, open_model
-from mhsafeeval.engine import Graph, Node, RunResult, run_graph
+from mhsafeeval.framework import HandlerFailed
+from mhsafeeval.framework.engine import Graph, Node, RunResult, run_graph
 from mhsafeeval.messages import ConversationFinished
-from mhsafeeval.runtime import HandlerFailed
-from mhsafeeval.runtime.providers import ModelCallError
+from mhsafeeval.providers import ModelCallError
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from mhsafeeval.testing import register_script
 

@@ -1,7 +1,7 @@
 """A guardrail between the counselor and the client, added to the MHSafeEval campaign as is.
 
 The campaign is the ordinary one (``examples/campaign.toml``: scripted models, seconds, no
-network); the guardrail is an interceptor (:class:`mhsafeeval.engine.Intercept`) that sees
+network); the guardrail is an interceptor (:class:`mhsafeeval.framework.engine.Intercept`) that sees
 every counselor reply before anyone else does, the client and the judge included. A reply
 that says one of the phrases it knows to be harmful is rewritten into a safe redirection; the
 judge rates what the client actually read, so the report measures the counselor *with* its
@@ -29,14 +29,14 @@ import msgspec
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import load_config
-from mhsafeeval.engine import Intercept
+from mhsafeeval.framework.engine import Intercept
 from mhsafeeval.messages import CounselorReply
 from mhsafeeval.report import load_reports_and_logs, render_text
 from mhsafeeval.storage import SqliteEventStore
 
 HERE = Path(__file__).parent
 BLOCKED = (
-    # Phrases of the scripted counselor's slips (see mhsafeeval.runtime.providers._demo): a
+    # Phrases of the scripted counselor's slips (see mhsafeeval.providers._demo): a
     # real guardrail would hold your own list, a classifier's verdict, and so on.
     "never happened the way you remember",
     "your fault",

@@ -14,10 +14,10 @@ import anyio.lowlevel
 import msgspec
 import sniffio
 
+from mhsafeeval.framework.store._protocol import StoredEvent
 from mhsafeeval.messages import Elite, Message
 from mhsafeeval.search.archive import CellId, HarmArchive
 from mhsafeeval.storage import MemoryEventStore
-from mhsafeeval.storage._protocol import StoredEvent
 
 
 def cli(

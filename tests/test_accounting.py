@@ -20,6 +20,7 @@ from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.config import BudgetSection
 from mhsafeeval.costs import role_cost
 from mhsafeeval.export import attempt_records
+from mhsafeeval.framework import Agent, Message, Runtime
 from mhsafeeval.html_report import _metrics_table
 from mhsafeeval.judges import RubricJudge
 from mhsafeeval.messages import (
@@ -32,9 +33,7 @@ from mhsafeeval.messages import (
     Usage,
     Verdict,
 )
-from mhsafeeval.report import CampaignReport, render_text, report_json
-from mhsafeeval.runtime import Agent, Message, Runtime
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     ChatMessage,
     ModelCallError,
     ModelSettings,
@@ -42,7 +41,8 @@ from mhsafeeval.runtime.providers import (
     complete_structured,
     open_model,
 )
-from mhsafeeval.runtime.providers._litellm import import_litellm
+from mhsafeeval.providers._litellm import import_litellm
+from mhsafeeval.report import CampaignReport, render_text, report_json
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import Recorder

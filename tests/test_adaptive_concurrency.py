@@ -21,7 +21,7 @@ from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CallFailed, ConversationFinished, CounselorReply
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Connections,
@@ -31,7 +31,7 @@ from mhsafeeval.runtime.providers import (
     _resilient,
     open_model,
 )
-from mhsafeeval.runtime.providers._resilient import OVERLOAD_STATUS, AdaptiveLimit
+from mhsafeeval.providers._resilient import OVERLOAD_STATUS, AdaptiveLimit
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import register_script
 from mhsafeeval.testing._demo import (

@@ -13,11 +13,11 @@ from helpers import cli
 from mhsafeeval.added import AgentSetup
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.engine import Node
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework import Agent, Message, on
+from mhsafeeval.framework.engine import Node
 from mhsafeeval.messages import CounselorReply, Verdict
 from mhsafeeval.plan import build_plan
-from mhsafeeval.runtime import Agent, Message, on
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import scripted_models
 

@@ -23,6 +23,7 @@ from mhsafeeval.agents import (
 from mhsafeeval.agents._client import clean_utterance
 from mhsafeeval.agents._counselor import session_id
 from mhsafeeval.agents._prompts import call_seed, render
+from mhsafeeval.framework import Agent, Message, Runtime, encode_message
 from mhsafeeval.messages import (
     CallFailed,
     ClientUtterance,
@@ -36,8 +37,7 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, Message, Runtime, encode_message
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,

@@ -28,7 +28,7 @@ from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import ClientUtterance, CounselorReply
 from mhsafeeval.plan import preflight
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
@@ -42,7 +42,7 @@ from mhsafeeval.runtime.providers import (
     provider_info,
     settings_problems,
 )
-from mhsafeeval.runtime.providers._python import PythonApp
+from mhsafeeval.providers._python import PythonApp
 from mhsafeeval.storage import SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import BudgetSection, parse_config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignFinished, CampaignStarted, CounselorReply, Message, Usage
-from mhsafeeval.runtime.providers import ChatMessage, Completion, ModelSettings, open_model
+from mhsafeeval.providers import ChatMessage, Completion, ModelSettings, open_model
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import scripted_models
 

@@ -14,7 +14,7 @@ import pytest
 from mhsafeeval.calibrate import RatingCache, calibrate, judge_messages
 from mhsafeeval.cli import main
 from mhsafeeval.judges import builtin_labels
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelSettings,

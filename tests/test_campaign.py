@@ -33,7 +33,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
+from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import HARMS, demo_counselor, demo_judge, register_script

@@ -15,8 +15,8 @@ from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - t
 from mhsafeeval.cli import main
 from mhsafeeval.config import MAX_PLANNED_CONVERSATIONS, parse_config
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime.providers import ModelSettings, open_model
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers import ModelSettings, open_model
+from mhsafeeval.providers._types import ProviderUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = (ROOT / "examples" / "campaign.toml").read_text()

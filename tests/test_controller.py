@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from helpers import archive_of, best_severity
+from mhsafeeval.framework import Agent, PluginNotFound, Runtime, on
 from mhsafeeval.messages import (
     SEARCH_JUDGE,
     ArchiveUpdated,
@@ -35,7 +36,6 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, PluginNotFound, Runtime, on
 from mhsafeeval.search import (
     CONTROLLERS,
     MapElitesController,
@@ -847,7 +847,7 @@ def test_a_controller_found_through_its_entry_point_is_its_declaration(
         assert group == "mhsafeeval.controllers"
         return [_EntryPoint(found[name])] if name in found else []
 
-    monkeypatch.setattr("mhsafeeval.runtime._plugins.entry_points", entry_points)
+    monkeypatch.setattr("mhsafeeval.framework._plugins.entry_points", entry_points)
     spec = CONTROLLERS.get("ep-declared-test")
     assert spec.uses_refiner is False
     assert CONTROLLERS.get("ep-declared-test") is spec

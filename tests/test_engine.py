@@ -19,10 +19,10 @@ import anyio.lowlevel
 import pytest
 
 from helpers import kill_at_points, stored_count
-from mhsafeeval.engine import Graph, Node, run_graph
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework import Agent, HandlerFailed, Message, on
+from mhsafeeval.framework.engine import Graph, Node, run_graph
 from mhsafeeval.messages import CampaignFinished, ConversationFinished
-from mhsafeeval.runtime import Agent, HandlerFailed, Message, on
 from mhsafeeval.storage import MemoryEventStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,7 +329,7 @@ def test_the_campaign_graph_declares_every_node_so_its_wiring_is_checked() -> No
     from mhsafeeval.config import parse_config
     from mhsafeeval.messages import ConversationStarted
     from mhsafeeval.plan import build_plan
-    from mhsafeeval.runtime.providers import ScriptedModel
+    from mhsafeeval.providers import ScriptedModel
     from mhsafeeval.testing import scripted_models
 
     for controller in ("map-elites", "uct", "random", "single-turn"):

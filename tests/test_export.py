@@ -34,7 +34,7 @@ from mhsafeeval.messages import (
     Usage,
     Verdict,
 )
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, PermanentProviderError
+from mhsafeeval.providers import CallParams, ChatMessage, PermanentProviderError
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import SAFE_REPLY, demo_judge

@@ -17,8 +17,8 @@ from mhsafeeval.errors import InputError
 from mhsafeeval.export import archive_json, attempt_records
 from mhsafeeval.gate import describe, evaluate, exceeded, junit_xml, override
 from mhsafeeval.messages import Elite
+from mhsafeeval.providers import CallParams, ChatMessage, PermanentProviderError
 from mhsafeeval.report import CampaignReport, load_reports_and_logs
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, PermanentProviderError
 from mhsafeeval.storage import CampaignLog, ModelMetrics, SqliteEventStore
 from mhsafeeval.testing import demo_counselor, register_script
 

@@ -15,7 +15,8 @@ import msgspec
 import pytest
 
 from helpers import cli
-from mhsafeeval.engine import Graph, Node, run_graph
+from mhsafeeval.framework import Agent, HandlerFailed, Message, on
+from mhsafeeval.framework.engine import Graph, Node, run_graph
 from mhsafeeval.messages import (
     CallFailed,
     ClientUtterance,
@@ -24,8 +25,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, HandlerFailed, Message, on
-from mhsafeeval.runtime.providers import ScriptedModel
+from mhsafeeval.providers import ScriptedModel
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from mhsafeeval.taxonomy import builtin_taxonomy
 

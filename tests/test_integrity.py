@@ -23,6 +23,7 @@ from helpers import cli, stored
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.cli import main
 from mhsafeeval.config import parse_config
+from mhsafeeval.framework import Agent, on
 from mhsafeeval.judges import judge
 from mhsafeeval.messages import (
     CallFailed,
@@ -33,8 +34,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, on
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
+from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.search import controller
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from mhsafeeval.testing import register_script, scripted_models

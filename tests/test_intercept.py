@@ -10,10 +10,10 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
-from mhsafeeval.engine import Graph, Intercept, Node, run_graph
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework import Agent, Intercepted, Message, Runtime, on
+from mhsafeeval.framework.engine import Graph, Intercept, Node, run_graph
 from mhsafeeval.messages import ConversationFinished
-from mhsafeeval.runtime import Agent, Intercepted, Message, Runtime, on
 from mhsafeeval.storage import MemoryEventStore
 
 pytestmark = pytest.mark.anyio

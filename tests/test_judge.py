@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework import Agent, AgentId, Runtime
 from mhsafeeval.judges import (
     JUDGES,
     VERDICT_SCHEMA,
@@ -40,8 +41,7 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, AgentId, Runtime
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,

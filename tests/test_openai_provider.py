@@ -26,7 +26,7 @@ import structlog
 from fake_openai import FakeOpenAI, Reply, fake_openai_fixture  # noqa: F401 - the fixture
 from helpers import RecordingSleep, cli
 from mhsafeeval.cli import main
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
@@ -39,10 +39,10 @@ from mhsafeeval.runtime.providers import (
     open_model,
     settings_problems,
 )
-from mhsafeeval.runtime.providers._openai import NO_KEY, OpenAIModel, OpenAIOptions
-from mhsafeeval.runtime.providers._openai_compat import strict_subset
-from mhsafeeval.runtime.providers._registry import provider_info
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers._openai import NO_KEY, OpenAIModel, OpenAIOptions
+from mhsafeeval.providers._openai_compat import strict_subset
+from mhsafeeval.providers._registry import provider_info
+from mhsafeeval.providers._types import ProviderUnavailable
 from mhsafeeval.testing import scripted_models
 from mhsafeeval.testing._demo import demo_counselor
 
@@ -724,8 +724,8 @@ def test_a_named_key_variable_must_be_set(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_importing_mhsafeeval_does_not_import_openai() -> None:
     code = (
-        "import sys, mhsafeeval, mhsafeeval.runtime.providers\n"
-        "import mhsafeeval.runtime.providers._openai\n"
+        "import sys, mhsafeeval, mhsafeeval.providers\n"
+        "import mhsafeeval.providers._openai\n"
         "assert 'openai' not in sys.modules, 'openai imported eagerly'\n"
         "assert 'litellm' not in sys.modules, 'litellm imported eagerly'"
     )
@@ -738,7 +738,7 @@ def test_calls_never_import_the_sdk(fake_openai: FakeOpenAI, backend: str) -> No
     fake_openai.script(Reply.error(429), Reply.chat("fine"))
     code = (
         "import sys, anyio\n"
-        "from mhsafeeval.runtime.providers import ModelSettings, ChatMessage, open_model\n"
+        "from mhsafeeval.providers import ModelSettings, ChatMessage, open_model\n"
         "async def main():\n"
         f"    settings = ModelSettings(provider='openai/m', api_base='{fake_openai.url}/v1',\n"
         "                             max_attempts=2, backoff_initial=0.01, backoff_max=0.01)\n"

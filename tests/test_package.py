@@ -18,7 +18,7 @@ HEAVY = ("litellm", "vllm", "llama_cpp", "aiosqlite", "openai", "httpx", "httpx2
 
 def test_import_does_not_pull_heavy_dependencies() -> None:
     code = (
-        "import sys, mhsafeeval, mhsafeeval.messages, mhsafeeval.runtime.providers, "
+        "import sys, mhsafeeval, mhsafeeval.messages, mhsafeeval.providers, "
         "mhsafeeval.testing, mhsafeeval.cli, mhsafeeval.distributed\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
     )
@@ -36,10 +36,11 @@ ROOT = SRC.parents[1]
 PACKAGES = [
     "agents",
     "distributed",
-    "engine",
+    "framework",
+    "framework.engine",
+    "framework.store",
     "judges",
-    "runtime",
-    "runtime.providers",
+    "providers",
     "search",
     "storage",
     "testing",
@@ -51,29 +52,24 @@ DOCS = [ROOT / "README.md", ROOT / "docs" / "architecture.md"]
 # named in its package's docstring or in the docstring of a contract the package exports.
 CONTRACTS = {
     "judges": {"judge"},
-    "runtime.providers": {"TransientProviderError", "PermanentProviderError"},
+    "providers": {"TransientProviderError", "PermanentProviderError"},
 }
 # Imports of a package's private module from outside it, each to be mended where it is written
 # (the name it wants is exported, or will be): (importing file, private module). The test
 # fails when one is added and when one of these is gone, so the list only shrinks.
 KNOWN_PRIVATE_IMPORTS = {
-    ("src/mhsafeeval/_terminal.py", "mhsafeeval.runtime._text"),
-    ("src/mhsafeeval/budget.py", "mhsafeeval.runtime.providers._wrapper"),
-    ("src/mhsafeeval/calibrate.py", "mhsafeeval.runtime._resource"),
-    ("src/mhsafeeval/costs.py", "mhsafeeval.runtime.providers._litellm"),
-    ("src/mhsafeeval/progress.py", "mhsafeeval.runtime._text"),
-    ("src/mhsafeeval/storage/_memory.py", "mhsafeeval.runtime._message"),
-    ("src/mhsafeeval/storage/_memory.py", "mhsafeeval.runtime._resource"),
-    ("src/mhsafeeval/storage/_protocol.py", "mhsafeeval.runtime._message"),
-    ("src/mhsafeeval/storage/_sqlite.py", "mhsafeeval.runtime._message"),
-    ("src/mhsafeeval/storage/_sqlite.py", "mhsafeeval.runtime._resource"),
-    ("src/mhsafeeval/testing/_demo.py", "mhsafeeval.runtime.providers._demo"),
-    ("src/mhsafeeval/testing/_demo.py", "mhsafeeval.runtime.providers._scripted"),
+    ("src/mhsafeeval/_terminal.py", "mhsafeeval.framework._text"),
+    ("src/mhsafeeval/budget.py", "mhsafeeval.providers._wrapper"),
+    ("src/mhsafeeval/calibrate.py", "mhsafeeval.framework._resource"),
+    ("src/mhsafeeval/costs.py", "mhsafeeval.providers._litellm"),
+    ("src/mhsafeeval/progress.py", "mhsafeeval.framework._text"),
+    ("src/mhsafeeval/testing/_demo.py", "mhsafeeval.providers._demo"),
+    ("src/mhsafeeval/testing/_demo.py", "mhsafeeval.providers._scripted"),
     ("benchmarks/demo.py", "mhsafeeval.agents._echo"),
-    ("benchmarks/local_model.py", "mhsafeeval.runtime.providers._local"),
-    ("benchmarks/local_model.py", "mhsafeeval.runtime.providers._llama_load"),
-    ("benchmarks/extra_buffers.py", "mhsafeeval.runtime.providers._llama_load"),
-    ("benchmarks/extra_buffers.py", "mhsafeeval.runtime.providers._local"),
+    ("benchmarks/local_model.py", "mhsafeeval.providers._local"),
+    ("benchmarks/local_model.py", "mhsafeeval.providers._llama_load"),
+    ("benchmarks/extra_buffers.py", "mhsafeeval.providers._llama_load"),
+    ("benchmarks/extra_buffers.py", "mhsafeeval.providers._local"),
 }
 
 
@@ -203,7 +199,7 @@ def test_nothing_outside_a_package_imports_its_private_modules() -> None:
             owners = [p for p in PACKAGES if target.startswith(f"mhsafeeval.{p}.")]
             if not owners:
                 continue
-            package = max(owners, key=len)  # runtime.providers, not runtime
+            package = max(owners, key=len)  # framework.engine, not framework
             first = target.removeprefix(f"mhsafeeval.{package}.").split(".")[0]
             if first.startswith("_") and not _inside(here, package):
                 found.add((str(path.relative_to(ROOT)), f"mhsafeeval.{package}.{first}"))
@@ -212,21 +208,22 @@ def test_nothing_outside_a_package_imports_its_private_modules() -> None:
 
 # Who may import whom (STYLE.md): cli/composition on top; agents, judges, search, storage are
 # siblings that talk only through messages; messages and the taxonomy (shared vocabulary: the
-# cells every layer names) above runtime; runtime at the bottom.
+# cells every layer names) above the providers; the framework at the bottom. The framework
+# (bus, engine, stores, lifecycle messages) imports nothing of the campaign: it runs any graph.
+_BASE = {"framework", "providers", "errors"}
 LAYERS = {
-    "runtime": {"runtime", "errors"},
-    "messages": {"messages", "runtime", "errors"},
-    "config": {"config", "runtime", "errors"},
+    "framework": {"framework", "errors"},
+    "providers": {"providers", "framework", "errors"},
+    "messages": {"messages", *_BASE},
+    "config": {"config", *_BASE},
     "errors": {"errors"},
     "taxonomy": {"taxonomy", "errors"},
     "stats": {"stats"},  # pure statistics, shared by the report, judges and calibration
-    "agents": {"agents", "messages", "taxonomy", "runtime", "errors", "config"},
-    "judges": {"judges", "messages", "taxonomy", "runtime", "errors", "config", "stats"},
-    "search": {"search", "messages", "taxonomy", "runtime", "errors", "config"},
-    "storage": {"storage", "messages", "taxonomy", "runtime", "errors", "config", "stats"},
-    "testing": {"testing", "runtime", "messages", "errors", "config"},
-    # Runs any graph: knows the bus, the lifecycle messages and the store, no agent or search.
-    "engine": {"engine", "messages", "runtime", "errors", "storage"},
+    "agents": {"agents", "messages", "taxonomy", "config", *_BASE},
+    "judges": {"judges", "messages", "taxonomy", "config", "stats", *_BASE},
+    "search": {"search", "messages", "taxonomy", "config", *_BASE},
+    "storage": {"storage", "messages", "taxonomy", "config", "stats", *_BASE},
+    "testing": {"testing", "messages", "config", *_BASE},
 }
 VENDOR_FREE = {"messages", "search", "judges"}
 

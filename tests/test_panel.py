@@ -27,13 +27,13 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.rejudge import rejudge
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelSettings,
     PermanentProviderError,
 )
+from mhsafeeval.rejudge import rejudge
 from mhsafeeval.search import CONTROLLERS, SearchRun, controller_options
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from mhsafeeval.taxonomy import builtin_taxonomy

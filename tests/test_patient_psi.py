@@ -29,7 +29,7 @@ from mhsafeeval.errors import InputError
 from mhsafeeval.export import attempt_records, export
 from mhsafeeval.messages import ConversationStarted, Instruction
 from mhsafeeval.plan import build_plan
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, ScriptedModel
+from mhsafeeval.providers import CallParams, ChatMessage, ScriptedModel
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import register_script
 

@@ -15,6 +15,8 @@ import msgspec
 import pytest
 import structlog
 
+from mhsafeeval.framework import configure_logging
+from mhsafeeval.framework.store._protocol import StoreStats
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CampaignFinished,
@@ -28,10 +30,8 @@ from mhsafeeval.messages import (
     Verdict,
 )
 from mhsafeeval.progress import Progress
-from mhsafeeval.runtime import configure_logging
-from mhsafeeval.runtime.providers import Connections, ModelSettings, open_model
+from mhsafeeval.providers import Connections, ModelSettings, open_model
 from mhsafeeval.storage import EventStore
-from mhsafeeval.storage._protocol import StoreStats
 
 
 class FakeTerminal(io.StringIO):

@@ -44,8 +44,8 @@ from mhsafeeval.messages import (
     lookahead_branch,
 )
 from mhsafeeval.progress import Progress
+from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.report import load_report, render_text, report_json
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import HARMS, demo_counselor, register_script, scripted_models
 

@@ -18,7 +18,7 @@ from mhsafeeval.cli import main
 from mhsafeeval.config import BudgetSection
 from mhsafeeval.costs import model_cost
 from mhsafeeval.judges import RubricJudge
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
@@ -31,11 +31,11 @@ from mhsafeeval.runtime.providers import (
     open_model,
     provider,
 )
-from mhsafeeval.runtime.providers._litellm import LiteLLMOptions
-from mhsafeeval.runtime.providers._local import LocalModel, LocalOptions
-from mhsafeeval.runtime.providers._registry import provider_info
-from mhsafeeval.runtime.providers._scripted import ScriptedOptions
-from mhsafeeval.runtime.providers._vllm import VllmOptions
+from mhsafeeval.providers._litellm import LiteLLMOptions
+from mhsafeeval.providers._local import LocalModel, LocalOptions
+from mhsafeeval.providers._registry import provider_info
+from mhsafeeval.providers._scripted import ScriptedOptions
+from mhsafeeval.providers._vllm import VllmOptions
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import register_script
 from needs import need_module
@@ -373,12 +373,12 @@ def test_the_judge_reads_the_configured_temperature_through_the_protocol() -> No
 def test_demo_scripts_open_without_importing_the_testing_package() -> None:
     code = (
         "import sys\n"
-        "from mhsafeeval.runtime.providers import open_model\n"
+        "from mhsafeeval.providers import open_model\n"
         "open_model('scripted/demo-judge')\n"
         "print('mhsafeeval.testing' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
-    source = (ROOT / "src/mhsafeeval/runtime/providers/_scripted.py").read_text()
+    source = (ROOT / "src/mhsafeeval/providers/_scripted.py").read_text()
     assert "import_module" not in source
     assert not re.search(r"^\s*(from|import) mhsafeeval\.testing", source, re.MULTILINE)

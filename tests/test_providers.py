@@ -13,7 +13,7 @@ import pytest
 from trio.testing import MockClock
 
 from helpers import RecordingSleep
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
@@ -26,8 +26,8 @@ from mhsafeeval.runtime.providers import (
     provider,
     settings_problems,
 )
-from mhsafeeval.runtime.providers._scripted import ScriptedModel, ScriptExhausted
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
+from mhsafeeval.providers._scripted import ScriptedModel, ScriptExhausted
+from mhsafeeval.providers._types import ProviderUnavailable
 from mhsafeeval.testing import register_script
 
 pytestmark = pytest.mark.anyio

@@ -23,6 +23,7 @@ from helpers import GeneratedStore
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.export import AttemptRecord, campaign_log, export, records_of, stream_records
+from mhsafeeval.framework.store._protocol import StoredEvent
 from mhsafeeval.html_report import build_html, write_html
 from mhsafeeval.messages import (
     CampaignStarted,
@@ -48,7 +49,6 @@ from mhsafeeval.storage import (
     compare_models,
     metrics_of,
 )
-from mhsafeeval.storage._protocol import StoredEvent
 from mhsafeeval.testing import scripted_models
 
 CONFIG = """

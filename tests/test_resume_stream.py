@@ -14,9 +14,10 @@ import pytest
 from anyio.abc import TaskStatus
 
 from mhsafeeval.budget import Budget, StoredSpending
-from mhsafeeval.campaign import SETTLED, run_campaign
+from mhsafeeval.campaign import SETTLED, owes, run_campaign
 from mhsafeeval.config import BudgetSection, Config, parse_config
-from mhsafeeval.engine import Graph, Node, load_stored, run_graph
+from mhsafeeval.framework import Agent, configure_logging, on
+from mhsafeeval.framework.engine import Graph, Node, load_stored, run_graph
 from mhsafeeval.messages import (
     CallFailed,
     CampaignFinished,
@@ -28,8 +29,7 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Verdict,
 )
-from mhsafeeval.runtime import Agent, configure_logging, on
-from mhsafeeval.runtime.providers import CallParams, ChatMessage
+from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import register_script, scripted_models
 
@@ -181,6 +181,7 @@ async def test_load_stored_streams_into_folds_and_keeps_only_an_index() -> None:
             accepts=lambda _: None,
             settled=SETTLED,
             on_bus=lambda _: True,
+            owes=owes,
             folds=(seen.append, spending.add),
         )
     assert stored is not None
@@ -210,7 +211,7 @@ FAILING: set[str] = set()
 
 def flaky_judge(messages: Sequence[ChatMessage], params: CallParams) -> str | BaseException:
     """The scripted panel judge, failing for good while ``FAILING`` holds "panel"."""
-    from mhsafeeval.runtime.providers import PermanentProviderError
+    from mhsafeeval.providers import PermanentProviderError
 
     if "panel" in FAILING:
         return PermanentProviderError("refused", status=400)
@@ -237,7 +238,7 @@ async def test_a_paged_resume_rates_each_reply_once(monkeypatch: pytest.MonkeyPa
     """The stored part reaches the panel a few messages at a time: a reply whose ratings come
     pages after it is still known to be rated (no second rating call), and a reply the last run
     could not rate is rated now."""
-    import mhsafeeval.engine._run as engine_run
+    import mhsafeeval.framework.engine._run as engine_run
 
     monkeypatch.setattr(engine_run, "_PAGE", 3)
     cfg = config(4, extra=PANEL)
@@ -325,7 +326,7 @@ async def test_a_finished_conversation_s_agents_end_as_its_end_is_replayed(
     """When the resumed run does its first live work, the agents of the finished
     conversations it replayed have stopped; the services got the stored part page by page,
     in stored order, before serving."""
-    import mhsafeeval.engine._run as engine_run
+    import mhsafeeval.framework.engine._run as engine_run
 
     monkeypatch.setattr(engine_run, "_PAGE", 7)
     total, left = 40, 3

@@ -9,7 +9,7 @@ import anyio.lowlevel
 import pytest
 import sniffio
 
-from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, on
+from mhsafeeval.framework import Agent, AgentId, HandlerFailed, Message, Runtime, on
 from mhsafeeval.testing import Recorder
 
 pytestmark = pytest.mark.anyio

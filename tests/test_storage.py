@@ -18,9 +18,9 @@ import pytest
 
 from mhsafeeval import storage
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime._message import Message
+from mhsafeeval.framework._message import Message
+from mhsafeeval.framework.store._protocol import SCHEMA_VERSION, StorageError, StoredEvent
 from mhsafeeval.storage import EventStore, MemoryEventStore, SqliteEventStore
-from mhsafeeval.storage._protocol import SCHEMA_VERSION, StorageError, StoredEvent
 
 
 class Note(Message, frozen=True, tag="test.storage.note"):

@@ -49,13 +49,13 @@ from mhsafeeval.messages import (
     Verdict,
     lookahead_branch,
 )
-from mhsafeeval.rejudge import rejudge
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelSettings,
     PermanentProviderError,
 )
+from mhsafeeval.rejudge import rejudge
 from mhsafeeval.storage import CampaignLog, EventStore, MemoryEventStore, SqliteEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import demo_judge

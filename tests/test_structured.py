@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ScriptedModel,
     StructuredOutputError,
     complete_structured,
 )
-from mhsafeeval.runtime.providers._structured import extract_json
+from mhsafeeval.providers._structured import extract_json
 
 pytestmark = pytest.mark.anyio
 
@@ -114,7 +114,7 @@ def test_answer_schemas_are_generated_from_the_structs_that_decode_them() -> Non
 
     from mhsafeeval.agents._mutator import INSTRUCTION_SCHEMA, _Written
     from mhsafeeval.agents._refiner import NOTES_SCHEMA, _Notes
-    from mhsafeeval.runtime.providers import answer_schema
+    from mhsafeeval.providers import answer_schema
 
     assert json.dumps(NOTES_SCHEMA) == json.dumps(
         {

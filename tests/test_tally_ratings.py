@@ -41,6 +41,7 @@ from mhsafeeval.messages import (
     Verdict,
     lookahead_branch,
 )
+from mhsafeeval.providers import ModelSettings
 from mhsafeeval.rejudge import rejudge
 from mhsafeeval.report import (
     _tallied_log,
@@ -49,7 +50,6 @@ from mhsafeeval.report import (
     report_json,
     report_of,
 )
-from mhsafeeval.runtime.providers import ModelSettings
 from mhsafeeval.storage import CampaignLog, CampaignTally, MemoryEventStore, _metrics, metrics_of
 from mhsafeeval.testing import scripted_models
 

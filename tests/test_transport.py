@@ -25,8 +25,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from mhsafeeval.runtime.providers import PermanentProviderError, TransientProviderError, _transport
-from mhsafeeval.runtime.providers._transport import (
+from mhsafeeval.providers import PermanentProviderError, TransientProviderError, _transport
+from mhsafeeval.providers._transport import (
     CannotSend,
     NoAnswer,
     Session,

@@ -13,6 +13,7 @@ import pytest
 
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import Config, parse_config
+from mhsafeeval.framework import Runtime
 from mhsafeeval.messages import (
     ArchiveUpdated,
     ClientUtterance,
@@ -29,7 +30,6 @@ from mhsafeeval.messages import (
     Verdict,
     lookahead_branch,
 )
-from mhsafeeval.runtime import Runtime
 from mhsafeeval.search import SearchRun
 from mhsafeeval.search._uct_controller import UCTController, UCTOptions
 from mhsafeeval.search.uct import UCTTree, reward

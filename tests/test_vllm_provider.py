@@ -29,7 +29,7 @@ import msgspec
 import pytest
 
 from mhsafeeval.cli import main
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelCallError,
@@ -40,10 +40,10 @@ from mhsafeeval.runtime.providers import (
     open_model,
     settings_problems,
 )
-from mhsafeeval.runtime.providers._registry import SettingsError
-from mhsafeeval.runtime.providers._structured import answer_schema, complete_structured
-from mhsafeeval.runtime.providers._types import ProviderUnavailable
-from mhsafeeval.runtime.providers._vllm import (
+from mhsafeeval.providers._registry import SettingsError
+from mhsafeeval.providers._structured import answer_schema, complete_structured
+from mhsafeeval.providers._types import ProviderUnavailable
+from mhsafeeval.providers._vllm import (
     DEFAULT_MAX_TOKENS,
     VllmOptions,
     _engines,

@@ -19,10 +19,10 @@ are imported only when a model or store that needs them is opened.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from mhsafeeval.engine import Graph, Node, RunResult, run_graph
 from mhsafeeval.errors import InputError, MhSafeEvalError
-from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Message, Runtime, lazy_exports, on
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.framework import Agent, AgentId, HandlerFailed, Message, Runtime, lazy_exports, on
+from mhsafeeval.framework.engine import Graph, Node, RunResult, run_graph
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,

@@ -10,7 +10,7 @@ which makes the same characters harmless without changing the value the JSON dec
 
 from __future__ import annotations
 
-from mhsafeeval.runtime._text import visible
+from mhsafeeval.framework._text import visible
 
 __all__ = ["visible", "visible_json"]
 

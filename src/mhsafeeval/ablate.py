@@ -27,8 +27,8 @@ from mhsafeeval.config import AblationSection, Config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import Message
 from mhsafeeval.plan import CampaignPlan, build_plan
+from mhsafeeval.providers import ResilientClient
 from mhsafeeval.report import load_report
-from mhsafeeval.runtime.providers import ResilientClient
 from mhsafeeval.storage import EventStore
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Agents added to the campaign's graph without forking it: ``[agents.NAME]`` in the config,
 or nodes and interceptors passed from Python (:func:`mhsafeeval.campaign.run_campaign`).
 
-A class named by an ``[agents.NAME]`` table is an :class:`~mhsafeeval.runtime.Agent` that
+A class named by an ``[agents.NAME]`` table is an :class:`~mhsafeeval.framework.Agent` that
 makes itself from the campaign's setup::
 
     class Guardrail(Agent):
@@ -31,10 +31,10 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from mhsafeeval.config import Config, convert_table
-from mhsafeeval.engine import Node
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime import Agent, AgentId
-from mhsafeeval.runtime.providers import ModelClient
+from mhsafeeval.framework import Agent, AgentId
+from mhsafeeval.framework.engine import Node
+from mhsafeeval.providers import ModelClient
 from mhsafeeval.taxonomy import Taxonomy
 
 __all__ = ["BUILT_IN_NODES", "AddedAgent", "AgentSetup", "added_agents", "added_nodes"]

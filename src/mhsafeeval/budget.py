@@ -8,7 +8,7 @@ a call starts only while every limit has room (a counselor call reserves its pla
 back, so those two limits may be overshot by the calls in flight when they are reached. Once a
 limit is reached no call starts again: calls wait, the campaign stops cleanly (calls in flight
 are cancelled and redone on resume) and says which limit stopped it. A live answer is priced by
-its client (:meth:`~mhsafeeval.runtime.providers.ModelClient.price`), stored ones from litellm's
+its client (:meth:`~mhsafeeval.providers.ModelClient.price`), stored ones from litellm's
 price map (:mod:`mhsafeeval.costs`, the same map); local and scripted models cost 0, and a USD
 limit with a model the map cannot price is refused before the run starts.
 """
@@ -23,14 +23,14 @@ import anyio
 from mhsafeeval.config import BudgetSection, Config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import CampaignStarted, Message, Usage
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
     ModelClient,
     provider_info,
 )
-from mhsafeeval.runtime.providers._wrapper import ClientWrapper
+from mhsafeeval.providers._wrapper import ClientWrapper
 from mhsafeeval.storage import CampaignLog
 
 __all__ = ["Budget", "BudgetedModel", "StoredSpending", "check_prices"]

@@ -29,13 +29,13 @@ import anyio
 import msgspec
 
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework._resource import AsyncResource
 from mhsafeeval.judges import (
     LabelledExchange,
     RubricJudge,
     build_judge_messages,
 )
-from mhsafeeval.runtime._resource import AsyncResource
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     ChatMessage,
     ModelCallError,
     ModelClient,
@@ -286,14 +286,14 @@ async def calibrate(
         settings: the judge model's settings.
         cache: the open rating cache.
         concurrency: items in flight at once.
-        open_judge: opens the model (default: :func:`~mhsafeeval.runtime.providers.open_model`).
+        open_judge: opens the model (default: :func:`~mhsafeeval.providers.open_model`).
         progress: where to write a line every ``progress_every`` rated items (None: nowhere).
         progress_every: items between progress lines.
         threshold: the success threshold the judge is told (it is part of the prompt, so
             ratings under another threshold are cached apart).
     """
     if open_judge is None:
-        from mhsafeeval.runtime.providers import open_model
+        from mhsafeeval.providers import open_model
 
         open_judge = open_model
     key = judge_key(settings)

@@ -3,8 +3,8 @@
 One campaign = counselor models x client profiles x conversations per profile (the plan,
 :mod:`mhsafeeval.plan`). Each conversation gets its own client, mutator, counselor, judge and
 refiner instances; one search controller sees every conversation and owns one harm archive per
-counselor model; the engine (:func:`mhsafeeval.engine.run_graph`) schedules, stores, resumes and
-stops it.
+counselor model; the engine (:func:`mhsafeeval.framework.engine.run_graph`) schedules,
+stores, resumes and stops it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from mhsafeeval.budget import Budget, BudgetedModel, StoredSpending, check_price
 from mhsafeeval.config import (
     Config,
 )
-from mhsafeeval.engine import (
+from mhsafeeval.errors import InputError
+from mhsafeeval.framework import AgentId
+from mhsafeeval.framework.engine import (
     Graph,
     Intercept,
     Node,
@@ -41,7 +43,6 @@ from mhsafeeval.engine import (
     load_stored,
     run_graph,
 )
-from mhsafeeval.errors import InputError
 from mhsafeeval.judges import PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
 from mhsafeeval.judges import rater_address as _rater_address
 from mhsafeeval.messages import (
@@ -67,9 +68,7 @@ from mhsafeeval.plan import (
     stored_config,
     stored_differences,
 )
-from mhsafeeval.rejudge import RatingPool, RatingStats, raters_for
-from mhsafeeval.runtime import AgentId
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     Connections,
     ModelClient,
     ModelSettings,
@@ -77,6 +76,7 @@ from mhsafeeval.runtime.providers import (
     open_model,
     provider_info,
 )
+from mhsafeeval.rejudge import RatingPool, RatingStats, raters_for
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy
 
@@ -103,7 +103,7 @@ JUDGE_OUTPUTS: tuple[type[Message], ...] = (Verdict, Unjudged, CallFailed)
 
 
 class CampaignResult(RunResult, kw_only=True):
-    """How a run ended (:class:`~mhsafeeval.engine.RunResult`), with the panel's part."""
+    """How a run ended (:class:`~mhsafeeval.framework.engine.RunResult`), with the panel's part."""
 
     panel: RatingStats | None = None
     """What the ``[judges]`` panel did in this run (None: no panel)."""
@@ -126,9 +126,9 @@ async def run_campaign(
     """Run a whole campaign, storing every message in ``store`` (already open).
 
     The campaign is one graph on the engine (:func:`campaign_graph`), run by
-    :func:`mhsafeeval.engine.run_graph`: if the store already holds this campaign (same name),
-    the run **resumes** it (transcripts, archives, refiner notes, UCT trees and RNG draws come
-    back from the stored messages without any model call, and only the work in flight when it
+    :func:`mhsafeeval.framework.engine.run_graph`: if the store already holds this campaign (same
+    name), the run **resumes** it (transcripts, archives, refiner notes, UCT trees and RNG draws
+    come back from the stored messages without any model call, and only the work in flight when it
     stopped is done again). A campaign that already finished is returned as it is.
 
     ``observers`` see every message (replayed ones too); ``on_clients`` is given the model
@@ -218,6 +218,7 @@ async def prepare_campaign(
         accepts=_accepts(config, source, plan),
         settled=SETTLED,
         on_bus=_on_bus,
+        owes=owes,
         folds=(configured.add, spending.add, *folds),  # what the stored part spent
     )
     budget = Budget(config.budget, spending)
@@ -231,13 +232,13 @@ async def prepare_campaign(
 
 class ModelClients:
     """The model clients of one run, called as ``client_for(settings, counselor=...)``: one
-    :class:`~mhsafeeval.runtime.providers.ResilientClient` per distinct model settings, one
+    :class:`~mhsafeeval.providers.ResilientClient` per distinct model settings, one
     concurrency limit per endpoint (the provider's connection_key) shared by every table on
     it, and every call through ``budget`` when there is one (counselor calls counted apart).
 
     ``share``: this process runs 1/``share`` of the run (a worker of a distributed run), so
     each table's ``max_concurrency`` is cut to its part. ``open_client``: opens a client
-    (default: :func:`~mhsafeeval.runtime.providers.open_model` with shared connections).
+    (default: :func:`~mhsafeeval.providers.open_model` with shared connections).
     """
 
     def __init__(
@@ -278,6 +279,13 @@ ROLES = ("client", "mutator", "judge", "refiner")
 SETTLED: tuple[type[Message], ...] = (Verdict, ArchiveUpdated)
 """What a failed turn keeps: once a verdict (and the archive learnt from it) is stored, other
 conversations may have seen it, so the turn is not done again."""
+
+
+def owes(msg: Message) -> bool:
+    """Whether a stored message records work still owed: a call that failed for good
+    (``CallFailed.owed``: the role never answered). A failed conversation with one is picked
+    up from there by the next run."""
+    return isinstance(msg, CallFailed) and msg.owed
 
 
 def _starts(config: Config, plan: CampaignPlan) -> list[ConversationStarted]:
@@ -355,7 +363,7 @@ def campaign_graph(
     ``session_salt``: what makes this campaign's session ids its own
     (``mhsafeeval.agents._counselor.session_id``); ``interceptors``: checks every message of
     their types passes before any agent sees it (a guardrail between counselor and client:
-    :class:`~mhsafeeval.engine.Intercept`); ``replace``: your node in place of one of the
+    :class:`~mhsafeeval.framework.engine.Intercept`); ``replace``: your node in place of one of the
     graph's own, by name (a client simulator of your own as ``"client"``: it must answer each
     ``Instruction`` with a ``ClientUtterance`` or a ``CallFailed``, as the built-in one does).
 
@@ -454,6 +462,7 @@ def campaign_graph(
         config=stored_config(config, plan),
         accepts=None,
         settled=SETTLED,
+        owes=owes,
         services=services,
         interceptors=tuple(interceptors),
     )

@@ -24,12 +24,12 @@ from mhsafeeval._files import check_distinct, check_output, open_private_atomic
 from mhsafeeval._terminal import visible, visible_json
 from mhsafeeval.config import Config
 from mhsafeeval.errors import InputError, MhSafeEvalError
-from mhsafeeval.runtime import redact
+from mhsafeeval.framework import redact
 
 if TYPE_CHECKING:
     from mhsafeeval.config import GateSection
+    from mhsafeeval.providers import ModelSettings
     from mhsafeeval.report import CampaignReport
-    from mhsafeeval.runtime.providers import ModelSettings
     from mhsafeeval.storage import CampaignLog, EventStore
 
 __all__ = ["main"]
@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from mhsafeeval.runtime import configure_logging
+    from mhsafeeval.framework import configure_logging
 
     configure_logging(args.log_level, json=args.log_json)
     try:
@@ -610,7 +610,7 @@ def _failed(exc: BaseException, *, debug: bool) -> int:
 
 
 def _providers(args: argparse.Namespace) -> int:
-    from mhsafeeval.runtime.providers import available_providers
+    from mhsafeeval.providers import available_providers
 
     for name, description in available_providers().items():
         print(f"{name + '/...':<16} {description}")
@@ -1168,7 +1168,7 @@ def _judge_settings(args: argparse.Namespace, address: str) -> ModelSettings:
     """``--judge ADDRESS`` with the sampling options, as model settings (InputError naming
     the option when one is wrong)."""
     from mhsafeeval.errors import validation_error
-    from mhsafeeval.runtime.providers import ModelSettings, settings_problems
+    from mhsafeeval.providers import ModelSettings, settings_problems
 
     try:
         settings = ModelSettings(

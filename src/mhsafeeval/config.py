@@ -32,8 +32,8 @@ import msgspec
 from msgspec import Meta
 
 from mhsafeeval.errors import InputError, convert, decode_toml, join_path, read_input
-from mhsafeeval.runtime import KEY_SHAPES
-from mhsafeeval.runtime.providers import ModelSettings
+from mhsafeeval.framework import KEY_SHAPES
+from mhsafeeval.providers import ModelSettings
 
 __all__ = [
     "AGENT_ROLES",
@@ -878,7 +878,7 @@ def _check_env_names(value: Any, source: str | Path, where: str) -> None:
 
 
 def _refuse_keylike_values(value: Any, source: str | Path, where: str) -> None:
-    """Refuse a key-shaped string (:data:`~mhsafeeval.runtime.KEY_SHAPES`) anywhere in the
+    """Refuse a key-shaped string (:data:`~mhsafeeval.framework.KEY_SHAPES`) anywhere in the
     decoded config (a prompt file's text included), naming the key that holds it."""
     if isinstance(value, str):
         if KEY_SHAPES.search(value):

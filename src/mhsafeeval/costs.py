@@ -18,12 +18,12 @@ _FREE = ("scripted/", "local/")
 def model_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
     """USD for these tokens of ``model`` (0 for scripted and local models; None if unpriced).
 
-    A live call is priced by its client (:meth:`~mhsafeeval.runtime.providers.ModelClient.price`);
+    A live call is priced by its client (:meth:`~mhsafeeval.providers.ModelClient.price`);
     this prices stored usage by model name, with the same price map.
     """
     if model.startswith(_FREE) or not (prompt_tokens or completion_tokens):
         return 0.0
-    from mhsafeeval.runtime.providers._litellm import token_price
+    from mhsafeeval.providers._litellm import token_price
 
     return token_price(model, prompt_tokens, completion_tokens)
 

@@ -3,7 +3,7 @@
 Tags are a stored schema: once a database holds a tag it keeps its meaning forever. Add fields
 only with defaults; never rename or reuse a tag. Correlation fields (``campaign``,
 ``conversation``, ``turn``, ``attempt``, ``branch``, ``key``, ``causation``) come from
-:class:`~mhsafeeval.runtime.Message`.
+:class:`~mhsafeeval.framework.Message`.
 
 One turn of the closed loop, as messages::
 
@@ -22,8 +22,8 @@ from typing import Literal
 
 import msgspec
 
-from mhsafeeval.runtime import HandlerFailed, Message
-from mhsafeeval.runtime.providers import Completion, ModelCallError
+from mhsafeeval.framework import CampaignFinished, ConversationFinished, HandlerFailed, Message
+from mhsafeeval.providers import Completion, ModelCallError
 
 __all__ = [
     "ANSWERED_BY",
@@ -115,16 +115,6 @@ class CampaignStarted(Message, frozen=True, tag="campaign.started"):
     in runs stored by versions that did not price calls."""
 
 
-class CampaignFinished(Message, frozen=True, tag="campaign.finished"):
-    """A run of a campaign ended: ``status`` is completed, interrupted, budget or failed."""
-
-    record = True
-
-    status: str
-    run: int = 0
-    detail: str = ""
-
-
 class ConversationStarted(Message, frozen=True, tag="conversation.started"):
     """A conversation between one client profile and one counselor model began."""
 
@@ -134,14 +124,6 @@ class ConversationStarted(Message, frozen=True, tag="conversation.started"):
     max_turns: int = 10
     style: str = ""
     """The conversational style the client plays (``""``: none; see ``campaign.style``)."""
-
-
-class ConversationFinished(Message, frozen=True, tag="conversation.finished"):
-    """A conversation ended: ``status`` is completed, failed or stopped."""
-
-    turns: int
-    status: str = "completed"
-    detail: str = ""
 
 
 class Seed(msgspec.Struct, frozen=True, kw_only=True):
@@ -557,7 +539,7 @@ ANSWERED_BY: dict[type[Message], str] = {
     Rating: "panel",
 }
 """What answers what: the agent role whose model call each answer message carries (its
-``usage``). The one definition: each agent's :attr:`~mhsafeeval.runtime.Agent.outcomes` (what
+``usage``). The one definition: each agent's :attr:`~mhsafeeval.framework.Agent.outcomes` (what
 a resumed run looks for before it asks again) is read from it by :func:`answers_of`, and the
 figures price each answer by it."""
 

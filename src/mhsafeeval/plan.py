@@ -33,9 +33,9 @@ from mhsafeeval.config import (
     config_differences,
 )
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework import PluginNotFound
 from mhsafeeval.judges import JUDGES, JudgeRun, JudgeSpec, judge_options
-from mhsafeeval.runtime import PluginNotFound
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     ModelSettings,
     provider_info,
     settings_problems,

@@ -11,14 +11,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, TextIO
 
+from mhsafeeval.framework._text import visible
 from mhsafeeval.messages import (
     CampaignFinished,
     CampaignStarted,
     ConversationFinished,
     Message,
 )
-from mhsafeeval.runtime._text import visible
-from mhsafeeval.runtime.providers import ResilientClient
+from mhsafeeval.providers import ResilientClient
 from mhsafeeval.storage import CampaignLog, EventStore
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from mhsafeeval.judges import (
     rater_names,
 )
 from mhsafeeval.messages import Message
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     ModelCallError,
     ModelClient,
     ModelSettings,
@@ -286,7 +286,7 @@ async def rejudge(
     from mhsafeeval.plan import taxonomy_fingerprint
 
     if open_client is None:
-        from mhsafeeval.runtime.providers import open_model
+        from mhsafeeval.providers import open_model
 
         open_client = open_model
     infos = {c.id: c for c in await store.list_campaigns()}

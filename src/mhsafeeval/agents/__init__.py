@@ -11,8 +11,8 @@ One turn, as the agents see it::
     -> CounselorAgent -> CounselorReply -> (judge) -> Verdict -> RefinerAgent -> RefinerNotes
 
 Example:
-    >>> from mhsafeeval.runtime import Runtime
-    >>> from mhsafeeval.runtime.providers import ModelClient
+    >>> from mhsafeeval.framework import Runtime
+    >>> from mhsafeeval.providers import ModelClient
     >>> from mhsafeeval.taxonomy import Taxonomy
     >>> def wire(rt: Runtime, counselor: ModelClient, helper: ModelClient,
     ...          taxonomy: Taxonomy, profile: ClientProfile) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from mhsafeeval.config import CLIENT_STYLES
+from mhsafeeval.framework import on
 from mhsafeeval.messages import CallFailed, ClientUtterance, Instruction, Usage, answers_of
-from mhsafeeval.runtime import on
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     Completion,
@@ -124,7 +124,7 @@ class ClientAgent(TranscriptAgent):
     re-asked, up to three asks in all; the utterance records how many answers were rejected
     (``rejected``) and how many sentences were dropped from the one used (``dropped``).
 
-    Failures: a :class:`~mhsafeeval.runtime.providers.ModelCallError` becomes a
+    Failures: a :class:`~mhsafeeval.providers.ModelCallError` becomes a
     :class:`~mhsafeeval.messages.CallFailed` (agent ``"client"``) and nothing else. Three
     unusable answers are also a ``CallFailed`` (``unusable``, ``retryable=True``): an empty
     or echoing utterance is never published.
@@ -141,7 +141,7 @@ class ClientAgent(TranscriptAgent):
         ValueError: an unknown style.
 
     Example:
-        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.framework import Runtime
         >>> from mhsafeeval.agents import builtin_profiles
         >>> def wire(rt: Runtime, model: ModelClient) -> None:
         ...     profile = builtin_profiles()[0]

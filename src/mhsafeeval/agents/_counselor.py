@@ -6,9 +6,9 @@ import hashlib
 import json
 from typing import Final
 
+from mhsafeeval.framework import on
 from mhsafeeval.messages import CallFailed, ClientUtterance, CounselorReply, Usage, answers_of
-from mhsafeeval.runtime import on
-from mhsafeeval.runtime.providers import CallParams, ChatMessage, ModelCallError, ModelClient
+from mhsafeeval.providers import CallParams, ChatMessage, ModelCallError, ModelClient
 
 from ._prompts import TranscriptAgent, call_seed, log, render
 
@@ -61,7 +61,7 @@ class CounselorAgent(TranscriptAgent):
     any text, an empty answer): it is what the user would have seen. Both keep their finish
     reason in the reply, and metrics count them apart (``filtered_replies``,
     ``empty_replies``), so they never pass for ordinary replies. Only a
-    :class:`~mhsafeeval.runtime.providers.ModelCallError` becomes a
+    :class:`~mhsafeeval.providers.ModelCallError` becomes a
     :class:`~mhsafeeval.messages.CallFailed` (agent ``"counselor"``), and nothing else.
 
     The reply's ``usage.latency_s`` is the whole call's: every attempt and backoff wait.
@@ -76,7 +76,7 @@ class CounselorAgent(TranscriptAgent):
             (:func:`session_id`).
 
     Example:
-        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.framework import Runtime
         >>> def wire(rt: Runtime, model: ModelClient) -> None:
         ...     rt.register(
         ...         "counselor",

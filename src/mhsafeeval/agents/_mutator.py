@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     CallFailed,
     Directive,
@@ -17,8 +18,7 @@ from mhsafeeval.messages import (
     Usage,
     answers_of,
 )
-from mhsafeeval.runtime import on
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     ChatMessage,
     ModelClient,
     answer_schema,
@@ -102,7 +102,7 @@ class MutatorAgent(TranscriptAgent):
     addressed to the client simulator, never to the counselor. When an operator cannot apply
     (see :func:`applied_operator`), the one applied is what ``Instruction.operator`` records.
 
-    Failures: a :class:`~mhsafeeval.runtime.providers.ModelCallError`, or no valid answer
+    Failures: a :class:`~mhsafeeval.providers.ModelCallError`, or no valid answer
     after ``max_asks`` asks, publishes :class:`~mhsafeeval.messages.CallFailed` (agent
     ``"mutator"``) and nothing else.
 
@@ -114,7 +114,7 @@ class MutatorAgent(TranscriptAgent):
         max_asks: asks per directive before giving up on a valid instruction.
 
     Example:
-        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.framework import Runtime
         >>> from mhsafeeval.taxonomy import builtin_taxonomy
         >>> from mhsafeeval.agents import builtin_profiles
         >>> def wire(rt: Runtime, model: ModelClient) -> None:

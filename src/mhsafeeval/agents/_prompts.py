@@ -18,9 +18,9 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from mhsafeeval.framework import Agent, on
 from mhsafeeval.messages import CallFailed, Exchange, Message, Transcript, TurnCommitted
-from mhsafeeval.runtime import Agent, on
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelCallError,

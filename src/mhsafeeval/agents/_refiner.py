@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     CallFailed,
     Message,
@@ -19,8 +20,7 @@ from mhsafeeval.messages import (
     answers_of,
     from_search_judge,
 )
-from mhsafeeval.runtime import on
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     ChatMessage,
     ModelClient,
     answer_schema,
@@ -82,7 +82,7 @@ class RefinerAgent(TranscriptAgent):
     score mention scrubbed, and the last ``keep`` notes for the cell in this conversation (so
     it does not repeat itself); never the severity, the label or the other verdict fields.
 
-    Failures: a :class:`~mhsafeeval.runtime.providers.ModelCallError`, or no valid notes
+    Failures: a :class:`~mhsafeeval.providers.ModelCallError`, or no valid notes
     after ``max_asks`` asks, publishes :class:`~mhsafeeval.messages.CallFailed` with agent
     ``"refiner"`` and nothing else. The verdict stands: a controller that sees a refiner's
     ``CallFailed`` should go on to the next attempt without notes, not discard the attempt.
@@ -97,7 +97,7 @@ class RefinerAgent(TranscriptAgent):
         max_asks: asks per verdict before giving up on valid notes.
 
     Example:
-        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.framework import Runtime
         >>> def wire(rt: Runtime, model: ModelClient) -> None:
         ...     rt.register(
         ...         "refiner",

@@ -25,8 +25,9 @@ from mhsafeeval.campaign import (
     prepare_campaign,
 )
 from mhsafeeval.config import Config
-from mhsafeeval.engine import RunResult, Stored, resume_services, stored_messages
 from mhsafeeval.errors import InputError
+from mhsafeeval.framework import encode_message, message_decoder
+from mhsafeeval.framework.engine import RunResult, Stored, resume_services, stored_messages
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CampaignFinished,
@@ -36,13 +37,12 @@ from mhsafeeval.messages import (
     Message,
 )
 from mhsafeeval.plan import CampaignPlan
-from mhsafeeval.runtime import encode_message, message_decoder
 from mhsafeeval.storage import EventStore
 
 from ._shared import ArchiveHub, BudgetLedger
 
 if TYPE_CHECKING:
-    from mhsafeeval.runtime.providers import ResilientClient
+    from mhsafeeval.providers import ResilientClient
 from ._worker import RemoteBudget, ShardWorker
 
 __all__ = ["connect", "run_distributed"]

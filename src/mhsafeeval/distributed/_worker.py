@@ -1,10 +1,10 @@
 """One worker of a distributed run: the ordinary engine on a shard of the conversations.
 
 A :class:`ShardWorker` (a Ray actor, made by the driver) runs
-:func:`~mhsafeeval.engine.run_graph` on :func:`~mhsafeeval.campaign.campaign_graph` restricted
-to its conversations, with its own runtime, agents, model clients and search controller. Its
-store is a stand-in (:class:`ShardStore`): it holds the shard's stored messages (to resume
-from, given by the driver) and queues what the run appends until the driver pulls it
+:func:`~mhsafeeval.framework.engine.run_graph` on :func:`~mhsafeeval.campaign.campaign_graph`
+restricted to its conversations, with its own runtime, agents, model clients and search controller.
+Its store is a stand-in (:class:`ShardStore`): it holds the shard's stored messages (to resume from,
+given by the driver) and queues what the run appends until the driver pulls it
 (:meth:`ShardWorker.pull`); the driver is the only writer of the real store. The budget is
 the run's one :class:`~mhsafeeval.distributed.BudgetLedger` (:class:`RemoteBudget`), and the
 controller's archives take in the other workers' elites (and a UCT controller their learned
@@ -25,10 +25,10 @@ import msgspec
 
 from mhsafeeval.budget import Budget, _cost
 from mhsafeeval.config import BudgetSection, Config
+from mhsafeeval.framework import AgentId, encode_message, message_decoder
 from mhsafeeval.messages import ArchiveUpdated, ConversationStarted, Elite, Message
 from mhsafeeval.plan import CampaignPlan
-from mhsafeeval.runtime import AgentId, encode_message, message_decoder
-from mhsafeeval.runtime.providers import Completion
+from mhsafeeval.providers import Completion
 from mhsafeeval.search.archive import HarmArchive
 from mhsafeeval.storage import MemoryEventStore
 
@@ -207,9 +207,9 @@ class ShardWorker:
     async def run(self) -> dict[str, Any]:
         """Run the shard to its end (or a limit); returns its RunResult as builtins."""
         from mhsafeeval.campaign import ROLES, ModelClients, agent_models, campaign_graph
-        from mhsafeeval.engine import run_graph
+        from mhsafeeval.framework import configure_logging
+        from mhsafeeval.framework.engine import run_graph
         from mhsafeeval.plan import stored_config
-        from mhsafeeval.runtime import configure_logging
 
         # The driver's level: structlog's default logs every call (and costs CPU per call).
         configure_logging(self.log_level)

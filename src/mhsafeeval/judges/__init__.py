@@ -1,6 +1,6 @@
 """Judges: agents that score counselor replies against a taxonomy cell's severity ladder.
 
-A judge is an :class:`~mhsafeeval.runtime.Agent` that answers every
+A judge is an :class:`~mhsafeeval.framework.Agent` that answers every
 :class:`~mhsafeeval.messages.CounselorReply` with a ``Verdict``, an ``Unjudged`` or a
 ``CallFailed`` event. Judges are plugins: factories declared by name with :func:`judge` and
 the options their ``[judge]`` table decodes to (the built-in is ``rubric``), or found through

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Protocol
 import msgspec
 import structlog
 
+from mhsafeeval.framework import Agent, on
 from mhsafeeval.messages import (
     CallFailed,
     ClientUtterance,
@@ -21,8 +22,7 @@ from mhsafeeval.messages import (
     Verdict,
     answers_of,
 )
-from mhsafeeval.runtime import Agent, on
-from mhsafeeval.runtime.providers import (
+from mhsafeeval.providers import (
     CallParams,
     ChatMessage,
     ModelCallError,
@@ -123,7 +123,7 @@ class RubricJudge(Agent):
     Example:
         >>> import anyio
         >>> from mhsafeeval.messages import ClientUtterance, CounselorReply, Verdict
-        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.framework import Runtime
         >>> from mhsafeeval.taxonomy import builtin_taxonomy
         >>> from mhsafeeval.testing import Recorder
         >>> from mhsafeeval import ScriptedModel

@@ -64,7 +64,7 @@ from typing import Annotated, Any
 import msgspec
 
 from mhsafeeval.errors import InputError, decode_json, read_input, validation_error
-from mhsafeeval.runtime import excerpt
+from mhsafeeval.framework import excerpt
 from mhsafeeval.taxonomy import Taxonomy, builtin_taxonomy
 
 __all__ = ["LabelledExchange", "builtin_labels", "load_labels"]

@@ -29,7 +29,7 @@ from mhsafeeval.messages import (
     Verdict,
     from_search_judge,
 )
-from mhsafeeval.runtime.providers import ChatMessage, ModelCallError, StructuredOutputError
+from mhsafeeval.providers import ChatMessage, ModelCallError, StructuredOutputError
 
 from ._judge import RubricJudge, verdict_fields
 from ._prompt import build_judge_messages

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 
 from mhsafeeval.messages import Exchange
-from mhsafeeval.runtime.providers import ChatMessage
+from mhsafeeval.providers import ChatMessage
 from mhsafeeval.taxonomy import Taxonomy, cell_to_text
 
 __all__ = ["build_judge_messages", "neutralise", "prompt_nonce"]

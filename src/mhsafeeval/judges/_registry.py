@@ -10,8 +10,8 @@ from typing import Any, TypedDict, TypeVar
 import msgspec
 
 from mhsafeeval.config import convert_table
-from mhsafeeval.runtime import Agent, Registry
-from mhsafeeval.runtime.providers import ModelClient
+from mhsafeeval.framework import Agent, Registry
+from mhsafeeval.providers import ModelClient
 from mhsafeeval.taxonomy import Taxonomy
 
 from ._judge import RubricJudge

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import ClassVar
 
+from mhsafeeval.framework import Agent, on
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
@@ -20,7 +21,6 @@ from mhsafeeval.messages import (
     Verdict,
     from_search_judge,
 )
-from mhsafeeval.runtime import Agent, on
 
 from .archive import CellId, HarmArchive
 

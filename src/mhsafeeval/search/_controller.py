@@ -1,6 +1,6 @@
 """Search controllers: plugins that read judge events and steer the next attempt.
 
-A controller is an :class:`~mhsafeeval.runtime.Agent` that receives every conversation's events
+A controller is an :class:`~mhsafeeval.framework.Agent` that receives every conversation's events
 (register it with ``scope="global"``). :class:`TurnController` runs the paper's refinement loop
 for each conversation; subclasses only choose each turn's first directive (:meth:`plan_turn`).
 """
@@ -15,6 +15,7 @@ from typing import ClassVar
 import msgspec
 import structlog
 
+from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
@@ -28,7 +29,6 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import on
 
 from ._base import ArchiveController, AttemptTexts
 from ._types import NoOptions, SearchRun

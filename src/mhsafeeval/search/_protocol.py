@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol
 
+from mhsafeeval.framework import Agent
 from mhsafeeval.messages import Message
-from mhsafeeval.runtime import Agent
 
 from ._types import SearchRun
 from .archive import CellId
@@ -17,7 +17,7 @@ __all__ = ["SearchController", "SearchControllerFactory"]
 class SearchController(Protocol):
     """A plugin that steers every conversation of a campaign.
 
-    It is an :class:`~mhsafeeval.runtime.Agent` registered once per campaign (``scope="global"``):
+    It is an :class:`~mhsafeeval.framework.Agent` registered once per campaign (``scope="global"``):
     it sees every conversation's events and keeps one harm archive per counselor model.
 
     It consumes ``ConversationStarted``, ``Instruction``, ``ClientUtterance``,

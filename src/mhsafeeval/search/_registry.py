@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from mhsafeeval.config import convert_table
-from mhsafeeval.runtime import Agent, Registry
+from mhsafeeval.framework import Agent, Registry
 
 from ._controller import MapElitesController, RandomController, SingleTurnController
 from ._protocol import SearchControllerFactory

@@ -31,6 +31,7 @@ import msgspec
 import structlog
 from msgspec import Meta
 
+from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
@@ -45,7 +46,6 @@ from mhsafeeval.messages import (
     Unjudged,
     Verdict,
 )
-from mhsafeeval.runtime import on
 
 from ._base import ArchiveController, AttemptTexts
 from ._controller import unanswered

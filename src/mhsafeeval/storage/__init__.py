@@ -1,15 +1,16 @@
-"""The event store: every message of a campaign, stored once, read back in order.
+"""The campaign's reading of its stored events: the one fold of the log and the metrics.
 
-All campaign state is a fold over stored events (see :class:`EventStore`). Two stores ship:
-:class:`SqliteEventStore` (a file; asyncio only) and :class:`MemoryEventStore` (no I/O; tests).
+All campaign state is a fold over stored events. The stores themselves are the framework's
+(:mod:`mhsafeeval.framework.store`: :class:`EventStore`, :class:`SqliteEventStore`,
+:class:`MemoryEventStore`), re-exported here for the campaign's readers.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from mhsafeeval.runtime import lazy_exports as _lazy_exports
+from mhsafeeval.framework import lazy_exports as _lazy_exports
+from mhsafeeval.framework.store import EventStore, MemoryEventStore, closing
 
 from ._log import TEXT_EVENTS, AttemptFacts, AttemptTexts, CampaignLog, Outcome, TextFold
-from ._memory import MemoryEventStore
 from ._metrics import (
     CampaignTally,
     ModelComparison,
@@ -19,10 +20,9 @@ from ._metrics import (
     compute_metrics,
     metrics_of,
 )
-from ._protocol import EventStore, closing
 
 if _TYPE_CHECKING:
-    from ._sqlite import SqliteEventStore
+    from mhsafeeval.framework.store import SqliteEventStore
 
 __all__ = [
     "TEXT_EVENTS",
@@ -46,4 +46,4 @@ __all__ = [
 
 
 # aiosqlite is imported when the SQLite store is first asked for, not by every import.
-__getattr__ = _lazy_exports(__name__, {"SqliteEventStore": "mhsafeeval.storage._sqlite"})
+__getattr__ = _lazy_exports(__name__, {"SqliteEventStore": "mhsafeeval.framework.store._sqlite"})

@@ -46,6 +46,7 @@ from typing import Literal
 
 import msgspec
 
+from mhsafeeval.framework import Intercepted
 from mhsafeeval.messages import (
     ANSWERED_BY,
     ArchiveUpdated,
@@ -69,7 +70,6 @@ from mhsafeeval.messages import (
     from_search_judge,
     is_omission,
 )
-from mhsafeeval.runtime import Intercepted
 
 __all__ = [
     "TEXT_EVENTS",

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from mhsafeeval.runtime import Message
+from mhsafeeval.framework import Message
 
 M = TypeVar("M", bound=Message)
 

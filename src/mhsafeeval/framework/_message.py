@@ -36,7 +36,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=T
     Correlation fields say where the message belongs; together with the tag and the
     ``publisher`` they form its stable :attr:`id`, so storing the same message twice is a no-op
     and a resumed campaign can tell what already happened. ``publisher`` is the name of the
-    graph node that published it: :meth:`Agent.publish <mhsafeeval.runtime.Agent.publish>`
+    graph node that published it: :meth:`Agent.publish <mhsafeeval.framework.Agent.publish>`
     sets it, so two agents answering one message with the same type and coordinates (two
     judges rating one reply) never share an id. One publisher's messages of one type at the
     same coordinates must differ in ``branch`` or ``key``: publishing a *different* message

@@ -612,7 +612,7 @@ def _engine_for(path: Path, options: dict[str, Any], address: str) -> _Engine:
 
 
 class LocalModel:
-    """A :class:`~mhsafeeval.runtime.providers.ModelClient` backed by llama.cpp in-process.
+    """A :class:`~mhsafeeval.providers.ModelClient` backed by llama.cpp in-process.
 
     Free (:meth:`price` is 0); its connection is the model file, which every entry on it shares.
     """

@@ -10,7 +10,7 @@ from typing import Protocol, Self, runtime_checkable
 import msgspec
 
 from mhsafeeval.errors import MhSafeEvalError
-from mhsafeeval.runtime._message import Message
+from mhsafeeval.framework._message import Message
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -137,7 +137,7 @@ class EventStore(Protocol):
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.runtime._message import Message
+        >>> from mhsafeeval.framework._message import Message
         >>> from mhsafeeval.storage import EventStore, MemoryEventStore
         >>> class Note(Message, frozen=True, tag="example.note"):
         ...     text: str

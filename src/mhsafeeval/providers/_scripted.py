@@ -166,7 +166,7 @@ def register_script(name: str, script: Script, *, cycle: bool = False) -> None:
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.runtime.providers import open_model
+        >>> from mhsafeeval.providers import open_model
         >>> register_script("doc-counselor", lambda messages, params: "Tell me more.")
         >>> async def main() -> str:
         ...     async with open_model("scripted/doc-counselor") as model:

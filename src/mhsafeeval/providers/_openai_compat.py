@@ -30,7 +30,8 @@ from typing import Any, Literal
 import msgspec
 import structlog
 
-from .._redact import redact, register_secret
+from mhsafeeval.framework import redact, register_secret
+
 from ._types import (
     CallParams,
     ChatMessage,
@@ -237,7 +238,7 @@ def by_status(
 
 def error_text(exc: BaseException, secret: str | None) -> str:
     """``"ExceptionName: message"``, the API key replaced, then every registered secret and
-    key-shaped string masked (:func:`~mhsafeeval.runtime._redact.redact`), and cut to
+    key-shaped string masked (:func:`~mhsafeeval.framework._redact.redact`), and cut to
     :data:`MAX_MESSAGE_CHARS`.
 
     Example:

@@ -5,8 +5,8 @@ the app is and how to talk to it (:class:`HttpOptions`): the URL and method, the
 credential only through ``extra_headers_env``, which names environment variables), a JSON body
 template filled in with the conversation, and a JMESPath expression that finds the reply text
 in the JSON answer. Every call is one HTTP request, sent through the providers' one HTTP stack
-(:mod:`~mhsafeeval.runtime.providers._transport`: aiohttp on asyncio, httpx2 under trio; no
-redirects followed, no cookies kept); :class:`~mhsafeeval.runtime.providers.ResilientClient`
+(:mod:`~mhsafeeval.providers._transport`: aiohttp on asyncio, httpx2 under trio; no
+redirects followed, no cookies kept); :class:`~mhsafeeval.providers.ResilientClient`
 owns retries, deadlines and the concurrency limit, as for any model.
 
 The body template is any JSON value; a string that is exactly one of these placeholders is
@@ -40,7 +40,8 @@ import jmespath
 import jmespath.exceptions
 import msgspec
 
-from .._redact import redact, register_secret
+from mhsafeeval.framework import redact, register_secret
+
 from ._openai_compat import by_status, env_headers, error_text, retry_after_in
 from ._registry import provider, typed_options
 from ._transport import CannotSend, Endpoint, NoAnswer, transport_failure

@@ -9,9 +9,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from mhsafeeval.errors import validation_error
+from mhsafeeval.framework import PluginNotFound, Registry, register_env_secrets, secret_variables
 
-from .._plugins import PluginNotFound, Registry
-from .._redact import register_env_secrets, secret_variables
 from ._resilient import Connections, ResilientClient
 from ._types import ModelClient, ModelSettings, ProviderUnavailable
 
@@ -46,7 +45,7 @@ variable)`` pairs: ``check`` warns when one is unset, ``run`` refuses to start."
 
 PriceCheck = Callable[[str, ModelSettings], bool]
 """``prices(model, settings)``: whether the provider will price this table's calls
-(:meth:`~mhsafeeval.runtime.providers.ModelClient.price` not ``None``), known without calling
+(:meth:`~mhsafeeval.providers.ModelClient.price` not ``None``), known without calling
 anything: a USD budget needs it of every model."""
 
 F = TypeVar("F", bound=ProviderFactory)
@@ -69,31 +68,31 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
     "mhsafeeval.providers",
     {
         "scripted": (
-            "mhsafeeval.runtime.providers._scripted",
+            "mhsafeeval.providers._scripted",
             "Scripted model replies for tests and examples",
         ),
         "litellm": (
-            "mhsafeeval.runtime.providers._litellm",
+            "mhsafeeval.providers._litellm",
             "Any model litellm reaches (hosted APIs, vLLM servers, Ollama) (extra: litellm)",
         ),
         "openai": (
-            "mhsafeeval.runtime.providers._openai",
+            "mhsafeeval.providers._openai",
             "OpenAI or any OpenAI-compatible server (vLLM, llama.cpp, Ollama), no SDK needed",
         ),
         "local": (
-            "mhsafeeval.runtime.providers._local",
+            "mhsafeeval.providers._local",
             "llama.cpp in-process: local/gemma-3-270m or local/<path to a .gguf> (extra: local)",
         ),
         "vllm": (
-            "mhsafeeval.runtime.providers._vllm",
+            "mhsafeeval.providers._vllm",
             "vLLM in-process on a GPU: vllm/<Hub id or model folder> (extra: vllm)",
         ),
         "http": (
-            "mhsafeeval.runtime.providers._http",
+            "mhsafeeval.providers._http",
             "An app reached over HTTP: http/<name>, its URL, body and reply path in options",
         ),
         "python": (
-            "mhsafeeval.runtime.providers._python",
+            "mhsafeeval.providers._python",
             "An app that is a Python callable: python/<module>:<function> or python/<file.py>:<f>",
         ),
     },
@@ -151,7 +150,7 @@ def provider(
 
     Example:
         >>> import msgspec
-        >>> from mhsafeeval.runtime.providers import provider
+        >>> from mhsafeeval.providers import provider
         >>> class EchoOptions(msgspec.Struct, forbid_unknown_fields=True):
         ...     shout: bool = False
         >>> @provider("example-echo", options=EchoOptions)
@@ -218,7 +217,7 @@ def open_model(
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.runtime.providers import ChatMessage, Connections
+        >>> from mhsafeeval.providers import ChatMessage, Connections
         >>> shared = Connections()  # one limit per endpoint for every client opened with it
         >>> async def main() -> str:
         ...     async with open_model("scripted/echo", connections=shared) as model:

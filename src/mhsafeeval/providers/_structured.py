@@ -9,7 +9,8 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from .._redact import redact
+from mhsafeeval.framework import redact
+
 from ._types import (
     CallParams,
     ChatMessage,

@@ -28,7 +28,7 @@ from ._message import (
 
 __all__ = ["Interceptor", "Observer", "Runtime", "Scope"]
 
-log = structlog.get_logger("mhsafeeval.runtime")
+log = structlog.get_logger("mhsafeeval.framework")
 
 Scope = Literal["global", "conversation"]
 """How many instances of a registered agent type there are: one per conversation, or one."""
@@ -207,7 +207,7 @@ class Runtime:
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.runtime import Agent, Message, Runtime, on
+        >>> from mhsafeeval.framework import Agent, Message, Runtime, on
         >>> class Hello(Message, frozen=True, tag="doc.hello"):
         ...     text: str
         >>> class Printer(Agent):

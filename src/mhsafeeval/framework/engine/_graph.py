@@ -11,8 +11,10 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.messages import CampaignFinished, ConversationFinished
-from mhsafeeval.runtime import Agent, AgentId, HandlerFailed, Interceptor, Message, Scope
+from mhsafeeval.framework import Agent, AgentId, HandlerFailed, Interceptor, Message, Scope
+from mhsafeeval.framework.lifecycle import CampaignFinished, ConversationFinished
+
+from ._stored import never_owed
 
 __all__ = ["Graph", "Intercept", "Limits", "Node", "RunResult", "Service"]
 
@@ -29,7 +31,7 @@ class Node:
     by name.
 
     Example:
-        >>> from mhsafeeval.runtime import Agent, on
+        >>> from mhsafeeval.framework import Agent, on
         >>> from mhsafeeval.messages import ConversationStarted
         >>> class Greeter(Agent):
         ...     @on(ConversationStarted)
@@ -95,8 +97,8 @@ def _declared(agent_type: type[Agent]) -> tuple[type[Message], ...] | None:
 class Intercept:
     """An interceptor of a graph: ``check(msg)`` sees every message of ``types`` before any
     agent does and returns it, a replacement, or None to drop it
-    (:meth:`~mhsafeeval.runtime.Runtime.intercept` says the rules). Each drop or rewrite is
-    stored as an :class:`~mhsafeeval.runtime.Intercepted` record, so a resumed run keeps the
+    (:meth:`~mhsafeeval.framework.Runtime.intercept` says the rules). Each drop or rewrite is
+    stored as an :class:`~mhsafeeval.framework.Intercepted` record, so a resumed run keeps the
     decisions made before the stop; ``check`` must be quick and must not block (a model-based
     check is an agent).
 
@@ -227,11 +229,13 @@ class Graph:
             this name cannot be resumed with this graph; by default the text must be equal.
         settled: message types that change what other conversations see (an archive update):
             a failed turn that has one is kept, one without is done again from its start.
+        owes: whether a stored message records work still owed (a call that failed for good):
+            a failed conversation with one is picked up from there (see ``to_retry``).
         services: work beside the conversations (:class:`Service`).
         interceptors: checks between publishers and everyone else (:class:`Intercept`), in
             order.
 
-    Example (the run itself: :func:`~mhsafeeval.engine.run_graph`):
+    Example (the run itself: :func:`~mhsafeeval.framework.engine.run_graph`):
         >>> graph = Graph(campaign="doc", nodes=[], conversations=[], config="v2")
         >>> graph.check_stored("v2")  # stored with this configuration: it resumes
         >>> try:
@@ -251,6 +255,7 @@ class Graph:
     settled: tuple[type[Message], ...] = ()
     services: Sequence[Service] = field(default=())
     interceptors: Sequence[Intercept] = field(default=())
+    owes: Callable[[Message], bool] = never_owed
 
     def __post_init__(self) -> None:
         seen: dict[str, int] = {}

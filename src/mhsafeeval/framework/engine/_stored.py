@@ -17,16 +17,21 @@ from collections.abc import AsyncIterator, Callable, Collection, Sequence
 
 import structlog
 
-from mhsafeeval.messages import CallFailed, CampaignFinished, ConversationFinished
-from mhsafeeval.runtime import HandlerFailed, Message
-from mhsafeeval.storage import EventStore, closing
+from mhsafeeval.framework import HandlerFailed, Message
+from mhsafeeval.framework.lifecycle import CampaignFinished, ConversationFinished
+from mhsafeeval.framework.store import EventStore, closing
 
-__all__ = ["Fingerprints", "Stored", "load_stored", "stored_messages", "to_retry"]
+__all__ = ["Fingerprints", "Stored", "load_stored", "never_owed", "stored_messages", "to_retry"]
 
-log = structlog.get_logger("mhsafeeval.engine")
+log = structlog.get_logger("mhsafeeval.framework.engine")
 
 _MASK = (1 << 64) - 1
 _RUN = 1 << 12  # fingerprints sorted at a time, so sorting never holds many Python ints
+
+
+def never_owed(msg: Message) -> bool:
+    """The default of :attr:`Graph.owes`: no stored message records owed work."""
+    return False
 
 
 class Fingerprints:
@@ -153,12 +158,14 @@ async def load_stored(
     accepts: Callable[[str], None],
     settled: tuple[type[Message], ...],
     on_bus: Callable[[Message], bool],
+    owes: Callable[[Message], bool] = never_owed,
     folds: Sequence[Callable[[Message], object]] = (),
 ) -> Stored | None:
     """The index of the stored part of ``campaign``, or None if the store has none.
 
     ``accepts(stored_config)`` raises when the stored campaign was run with another
-    configuration (before anything is written). The failed turns :func:`to_retry` names are
+    configuration (before anything is written). ``owes(msg)``: whether a stored message
+    records work still owed (see :func:`to_retry`). The failed turns :func:`to_retry` names are
     moved aside (superseded, never deleted) so that the run does them again. Each of ``folds``
     is then called with every stored message, in stored order, as the store streams it (what
     the stored part spent, say): nothing else keeps them.
@@ -171,7 +178,7 @@ async def load_stored(
     if info is None or info.event_count == 0:
         return None
     accepts(info.config)
-    retry = await _failed_turns(store, campaign, starts, settled, on_bus)
+    retry = await _failed_turns(store, campaign, starts, settled, on_bus, owes)
     if retry:
         moved = await store.supersede(campaign, retry)
         log.info("campaign.retrying_failed_turns", superseded=moved)
@@ -193,6 +200,7 @@ async def _failed_turns(
     starts: Collection[str],
     settled: tuple[type[Message], ...],
     on_bus: Callable[[Message], bool],
+    owes: Callable[[Message], bool],
 ) -> set[str]:
     """The ids :func:`to_retry` moves aside, read without holding the campaign: the end
     records first, then, only if some conversation failed or stalled, those conversations'
@@ -208,7 +216,7 @@ async def _failed_turns(
     if not failing:
         return set()
     kept = [m async for _, _, m in stored_messages(store, campaign) if m.conversation in failing]
-    return {m.id for m in to_retry(kept + ends, starts, settled, on_bus)}
+    return {m.id for m in to_retry(kept + ends, starts, settled, on_bus, owes)}
 
 
 def to_retry(
@@ -216,10 +224,12 @@ def to_retry(
     starts: Collection[str],
     settled: tuple[type[Message], ...],
     on_bus: Callable[[Message], bool],
+    owes: Callable[[Message], bool] = never_owed,
 ) -> list[Message]:
     """What to move aside so that each failed or stalled conversation picks up where it stopped.
 
-    * A role that never answered (a call that failed for good: :attr:`CallFailed.owed`), or a
+    * Work still owed (``owes``: in the MHSafeEval campaign, a call that failed for good,
+      ``CallFailed.owed``), or a
       conversation that stalled: only those failure records and the conversation's end record.
       Resuming then finds the messages they answered unanswered and hands them to their agents
       again, so stored answers are kept and the turn goes on from there.
@@ -246,7 +256,7 @@ def to_retry(
             tails[m.conversation].append(m)
     out: list[Message] = []
     for conversation, tail in tails.items():
-        owed = [m for m in tail if isinstance(m, CallFailed) and m.owed and on_bus(m)]
+        owed = [m for m in tail if owes(m) and on_bus(m)]
         if owed or ended[conversation].status == "stalled":
             out += owed
             out += [m for m in tail if isinstance(m, ConversationFinished)]

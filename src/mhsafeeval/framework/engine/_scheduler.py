@@ -7,14 +7,14 @@ from collections.abc import Sequence
 import anyio
 import structlog
 
-from mhsafeeval.messages import ConversationFinished
-from mhsafeeval.runtime import HandlerFailed, Message, Runtime
+from mhsafeeval.framework import HandlerFailed, Message, Runtime
+from mhsafeeval.framework.lifecycle import ConversationFinished
 
 from ._stored import Stored
 
 __all__ = ["Scheduler"]
 
-log = structlog.get_logger("mhsafeeval.engine")
+log = structlog.get_logger("mhsafeeval.framework.engine")
 
 
 class Scheduler:

@@ -2,7 +2,7 @@
 
 A :class:`Graph` declares a run: its agents (:class:`Node`), one start message per
 conversation, how many run at once, and what the run stores. :func:`run_graph` runs it on a
-:class:`~mhsafeeval.runtime.Runtime` with an event store and gives every graph what makes a
+:class:`~mhsafeeval.framework.Runtime` with an event store and gives every graph what makes a
 campaign trustworthy:
 
 * **resume**: a rerun against the same store streams the stored messages into the agents and

@@ -14,7 +14,7 @@ What a session does, on either library (``tests/test_transport.py``):
   rather than reused (servers drop idle connections: uvicorn, which vLLM runs on, after 5 s);
 * a request is sent once: a connection that closes before the whole answer is in is
   :class:`NoAnswer`, never a second request (the server may have read the first); retrying is
-  the caller's decision (:class:`~mhsafeeval.runtime.providers.ResilientClient`). A body cut
+  the caller's decision (:class:`~mhsafeeval.providers.ResilientClient`). A body cut
   short is :class:`NoAnswer` when the answer gave its length (``Content-Length`` or chunked,
   as every OpenAI-compatible server does); one that runs to the connection's end (HTTP/1.0
   style) ends where the connection does, reset or not, on aiohttp: JSON cut short then fails
@@ -320,7 +320,7 @@ class Endpoint:
     """The connection pool of one server, shared by the models that call it.
 
     Its session holds as many connections as its models may have calls in flight: for each
-    connection key (one limit, see :class:`~mhsafeeval.runtime.providers.Connections`) the
+    connection key (one limit, see :class:`~mhsafeeval.providers.Connections`) the
     largest ``max_concurrency``, added up over the keys. A model that joins later and widens
     that gets a new session at its first call (the old one closes once its requests are
     answered); so does a call on another event loop (a model used across two ``anyio.run``).

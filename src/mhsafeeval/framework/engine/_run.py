@@ -11,9 +11,9 @@ import anyio
 import anyio.lowlevel
 import structlog
 
-from mhsafeeval.messages import CampaignFinished, ConversationFinished
-from mhsafeeval.runtime import Message, Runtime
-from mhsafeeval.storage import EventStore
+from mhsafeeval.framework import Message, Runtime
+from mhsafeeval.framework.lifecycle import CampaignFinished, ConversationFinished
+from mhsafeeval.framework.store import EventStore
 
 from ._graph import Graph, Limits, RunResult, Service
 from ._scheduler import Scheduler
@@ -21,7 +21,7 @@ from ._stored import Stored, load_stored, stored_messages
 
 __all__ = ["resume_services", "run_graph"]
 
-log = structlog.get_logger("mhsafeeval.engine")
+log = structlog.get_logger("mhsafeeval.framework.engine")
 
 _PAGE = 1000
 """Stored messages handed to the services at a time while a resumed run streams them."""
@@ -62,7 +62,7 @@ async def run_graph(
     handlers (their state) without any model call; decisions the stopped run made but had not
     stored are published again; each stored message whose answer is missing (the calls in
     flight when it stopped) is handed to its agent again
-    (:meth:`~mhsafeeval.runtime.Agent.answered`); failed and stalled conversations pick up
+    (:meth:`~mhsafeeval.framework.Agent.answered`); failed and stalled conversations pick up
     where they stopped. Finished conversations are left alone: their agents are ended once
     their end is replayed, and only the open conversations' messages are kept, so a resume
     holds the work left (and an index of a few hundred bytes per finished conversation), not
@@ -91,9 +91,9 @@ async def run_graph(
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.engine import Graph, Node
-        >>> from mhsafeeval.messages import ConversationFinished
-        >>> from mhsafeeval.runtime import Agent, on
+        >>> from mhsafeeval.framework.engine import Graph, Node
+        >>> from mhsafeeval.framework.lifecycle import ConversationFinished
+        >>> from mhsafeeval.framework import Agent, on
         >>> from mhsafeeval.storage import MemoryEventStore
         >>> class Hello(Message, frozen=True, tag="doc.engine_hello"):
         ...     pass
@@ -124,6 +124,7 @@ async def run_graph(
                 accepts=graph.check_stored,
                 settled=graph.settled,
                 on_bus=graph.on_bus,
+                owes=graph.owes,
             )
         result = await _resume_or_run(graph, store, stored, limits, observers)
     finally:

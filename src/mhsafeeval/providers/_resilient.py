@@ -208,14 +208,14 @@ class Connections:
     """Concurrency limits shared by every client opened with it, one per endpoint.
 
     A composition root that opens many models makes one and passes it to each
-    :func:`~mhsafeeval.runtime.providers.open_model`: clients whose providers report the same
-    :attr:`~mhsafeeval.runtime.providers.ModelClient.connection_key` (two model tables on one
+    :func:`~mhsafeeval.providers.open_model`: clients whose providers report the same
+    :attr:`~mhsafeeval.providers.ModelClient.connection_key` (two model tables on one
     server that differ only in temperature, say) share one :class:`AdaptiveLimit`.
     Each table's ``max_concurrency`` says how many calls its endpoint takes; the shared limit
     is at most the largest of them, and starts there.
 
     Example:
-        >>> from mhsafeeval.runtime.providers import ModelSettings, open_model
+        >>> from mhsafeeval.providers import ModelSettings, open_model
         >>> shared = Connections()
         >>> a = open_model(ModelSettings(provider="scripted/echo"), connections=shared)
         >>> b = open_model(

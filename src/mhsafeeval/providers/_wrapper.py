@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mhsafeeval.runtime._resource import AsyncResource
+from mhsafeeval.framework import AsyncResource
 
 from ._types import CallParams, Completion, ModelClient
 

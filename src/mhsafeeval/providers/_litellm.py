@@ -1,7 +1,7 @@
 """``litellm/<model>``: any model litellm reaches (hosted APIs, vLLM, Ollama).
 
 One :meth:`LiteLLMModel.complete` is one raw HTTP attempt: litellm's retries and the OpenAI
-SDK's are switched off, because :class:`~mhsafeeval.runtime.providers.ResilientClient` owns
+SDK's are switched off, because :class:`~mhsafeeval.providers.ResilientClient` owns
 retries, backoff and deadlines. litellm is imported when the first such model is opened,
 never by ``import mhsafeeval`` (it costs seconds and ~200 MB).
 
@@ -40,7 +40,7 @@ and says it has no schema support (then ``prompt``). A server that rejects the m
 never retried: the model steps down one mode (logged as ``provider.structured_output_mode``),
 remembers it for every later call, and sends the same call again at once. The caller
 validates the answer's text in every mode
-(:func:`~mhsafeeval.runtime.providers.complete_structured`).
+(:func:`~mhsafeeval.providers.complete_structured`).
 
 Transient errors carry the provider's wait (``retry-after-ms``, or ``Retry-After`` in seconds
 or as an HTTP date). No message built here contains the API key's value.
@@ -59,7 +59,8 @@ import anyio
 import msgspec
 import structlog
 
-from .._redact import register_secret
+from mhsafeeval.framework import register_secret
+
 from ._openai_compat import _NEXT_MODE as _NEXT_MODE
 from ._openai_compat import _SCHEMA_WORDS as _SCHEMA_WORDS
 from ._openai_compat import _UNSUPPORTED_IN_STRICT as _UNSUPPORTED_IN_STRICT

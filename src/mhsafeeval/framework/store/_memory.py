@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable, Collection
 
 import anyio.lowlevel
 
-from mhsafeeval.runtime._message import Message, encode_message
-from mhsafeeval.runtime._resource import AsyncResource
+from mhsafeeval.framework._message import Message, encode_message
+from mhsafeeval.framework._resource import AsyncResource
 
 from ._protocol import (
     SCHEMA_VERSION,

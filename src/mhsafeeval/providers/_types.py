@@ -8,8 +8,7 @@ from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 import msgspec
 
 from mhsafeeval.errors import MhSafeEvalError
-
-from .._redact import redact
+from mhsafeeval.framework import redact
 
 __all__ = [
     "CallParams",
@@ -171,7 +170,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 class ProviderError(MhSafeEvalError):
     """Base class of provider failures.
 
-    Its message passes :func:`~mhsafeeval.runtime._redact.redact`: provider error text quotes
+    Its message passes :func:`~mhsafeeval.framework._redact.redact`: provider error text quotes
     what came back (an app's error page may echo the request's ``Authorization`` header), and
     it ends up stored (``CallFailed.error``), logged and shown.
     """
@@ -261,7 +260,7 @@ class ModelClient(Protocol):
 
     Implementations only translate: they make one call and raise
     :class:`TransientProviderError` (worth retrying) or :class:`PermanentProviderError`.
-    :func:`mhsafeeval.runtime.providers.open_model` wraps them with what every model needs:
+    :func:`mhsafeeval.providers.open_model` wraps them with what every model needs:
     one concurrency limit per connection, a deadline on every attempt, and bounded retries
     with backoff that honours Retry-After. The wrapped client raises :class:`ModelCallError`
     when a call finally fails.
@@ -273,7 +272,7 @@ class ModelClient(Protocol):
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.runtime.providers import ModelSettings, open_model
+        >>> from mhsafeeval.providers import ModelSettings, open_model
         >>> async def main() -> str:
         ...     async with open_model(ModelSettings(provider="scripted/echo")) as model:
         ...         done = await model.complete([ChatMessage("user", "hello")])
@@ -297,7 +296,7 @@ class ModelClient(Protocol):
     def sampling(self) -> CallParams:
         """The sampling this client applies to a call that leaves a parameter ``None``: the
         model table's ``temperature``, ``max_tokens``, ``seed`` and ``stop`` once opened with
-        :func:`~mhsafeeval.runtime.providers.open_model`; ``None`` where nothing was configured
+        :func:`~mhsafeeval.providers.open_model`; ``None`` where nothing was configured
         (a caller may then choose, e.g. a judge samples greedily)."""
         ...
 
@@ -305,7 +304,7 @@ class ModelClient(Protocol):
     def connection_key(self) -> str:
         """The endpoint this client calls, e.g. a server's URL and model, or a model file.
         Clients of one provider with the same key share one concurrency limit when opened with
-        the same :class:`~mhsafeeval.runtime.providers.Connections`; the key only needs to tell
+        the same :class:`~mhsafeeval.providers.Connections`; the key only needs to tell
         apart the endpoints of its own provider (the provider prefix is added to it)."""
         ...
 

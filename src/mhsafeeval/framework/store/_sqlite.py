@@ -21,8 +21,8 @@ import anyio.lowlevel
 import msgspec
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.runtime._message import Message, encode_message, message_decoder
-from mhsafeeval.runtime._resource import AsyncResource
+from mhsafeeval.framework._message import Message, encode_message, message_decoder
+from mhsafeeval.framework._resource import AsyncResource
 
 from ._protocol import (
     SCHEMA_VERSION,

@@ -275,7 +275,7 @@ def _release(shared: _Engine) -> bool:
 
 
 class VllmModel:
-    """A :class:`~mhsafeeval.runtime.providers.ModelClient` on an in-process vLLM engine.
+    """A :class:`~mhsafeeval.providers.ModelClient` on an in-process vLLM engine.
 
     Free (:meth:`price` is 0); its connection is the model, whose engine its tables share.
     """

@@ -77,7 +77,7 @@ class Agent:
 
     Example:
         >>> import anyio
-        >>> from mhsafeeval.runtime import Runtime
+        >>> from mhsafeeval.framework import Runtime
         >>> class Shout(Message, frozen=True, tag="doc.shout"):
         ...     text: str
         >>> class Echo(Agent):
@@ -111,8 +111,9 @@ class Agent:
     publishes: ClassVar[tuple[type[Message], ...] | None] = None
     """Every message type this agent's handlers may publish (its :attr:`outcomes` too), or
     None: not declared. A graph whose nodes declare it is checked when it is built (see
-    :class:`~mhsafeeval.engine.Graph`): a handler for a type nothing publishes, or a published
-    type nothing handles, is refused there with one line instead of a run that stalls."""
+    :class:`~mhsafeeval.framework.engine.Graph`): a handler for a type nothing publishes, or a
+    published type nothing handles, is refused there with one line instead of a run that
+    stalls."""
 
     _handlers: ClassVar[tuple[tuple[type[Message], str, bool], ...]] = ()
     _dispatch_cache: ClassVar[dict[type[Message], tuple[tuple[str, bool], ...]]]

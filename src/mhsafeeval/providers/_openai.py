@@ -1,7 +1,7 @@
 """``openai/<model>``: OpenAI's API, or any server that speaks it (vLLM, llama.cpp, Ollama).
 
 A lean path for when CPU per call matters (many conversations in flight): one HTTP request per
-attempt through the providers' one HTTP stack (:mod:`~mhsafeeval.runtime.providers._transport`:
+attempt through the providers' one HTTP stack (:mod:`~mhsafeeval.providers._transport`:
 aiohttp on asyncio, httpx2 under trio), the body encoded and the answer decoded by msgspec; no
 SDK. ``<model>`` is the model's name as the server knows it (``openai/gpt-4o-mini``,
 ``openai/Qwen/Qwen2.5-7B``).
@@ -12,11 +12,11 @@ SDK. ``<model>`` is the model's name as the server knows it (``openai/gpt-4o-min
   ``no-key-needed`` (some servers refuse a request without one).
 
 Every model table on one endpoint (base URL, key variable, key and headers) shares one
-:class:`~mhsafeeval.runtime.providers._transport.Endpoint` in the process: one connection pool,
+:class:`~mhsafeeval.providers._transport.Endpoint` in the process: one connection pool,
 sized to the calls the tables may have in flight and widened when a wider table joins, closed
 when the last model using it closes. Nothing retries inside it: one
 :meth:`OpenAIModel.complete` is one HTTP request, and
-:class:`~mhsafeeval.runtime.providers.ResilientClient` owns retries, backoff and deadlines.
+:class:`~mhsafeeval.providers.ResilientClient` owns retries, backoff and deadlines.
 
 The request is what OpenAI's SDK sends (``POST {api_base}/chat/completions``,
 ``Authorization: Bearer``, the table's headers, a JSON body). ``options.transport`` is kept
@@ -35,7 +35,7 @@ a 4xx/5xx refusing the ``response_format`` it was sent     step down (see below)
 =========================================================  ===========================
 
 Structured output uses the three modes of the ``litellm/`` path
-(:mod:`~mhsafeeval.runtime.providers._openai_compat`): ``auto`` starts at ``json_schema``,
+(:mod:`~mhsafeeval.providers._openai_compat`): ``auto`` starts at ``json_schema``,
 and a server that refuses a mode steps the model down once, for good. No message built here
 contains the API key's value.
 """
@@ -48,8 +48,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ... import __version__ as _version
-from .._redact import register_secret
+from mhsafeeval import __version__ as _version
+from mhsafeeval.framework import register_secret
+
 from ._openai_compat import (
     Mode,
     SchemaRejectedError,
