@@ -7,7 +7,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -36,7 +36,7 @@ from mhsafeeval.messages import (
 from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import HARMS, demo_counselor, demo_judge, register_script
+from mhsafeeval.testing import HARMS, demo_counselor, demo_judge, register_script, scripted_models
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -439,3 +439,41 @@ async def test_the_text_report_fits_an_80_column_terminal() -> None:
     too_wide = [line for line in text.splitlines() if len(line) > 80]
     assert too_wide == [], "\n".join(too_wide)
     assert "ASR@k 95% intervals: @1 " in text and "spent: client " in text
+
+
+@pytest.mark.anyio
+async def test_a_run_plans_its_config_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """config -> plan -> graph -> run, each step once (issue 32): the plan is built once, and
+    what it derives (the stored configuration, the search's and judge's settings) is worked
+    out there, never again on the way to the run."""
+    import mhsafeeval.campaign
+    import mhsafeeval.plan
+    from mhsafeeval.plan import build_plan
+
+    counts = {"build_plan": 0, "canonical_config": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(
+        mhsafeeval.campaign, "build_plan", counted("build_plan", mhsafeeval.campaign.build_plan)
+    )
+    monkeypatch.setattr(
+        mhsafeeval.plan,
+        "canonical_config",
+        counted("canonical_config", mhsafeeval.plan.canonical_config),
+    )
+    text = '[campaign]\nname = "once"\nmax_turns = 1\nmax_attempts = 1\n' + scripted_models()
+    config = parse_config(text, "once.toml")
+    async with MemoryEventStore() as store:
+        await run_campaign(config, store)
+    assert counts == {"build_plan": 1, "canonical_config": 1}
+    counts.update(build_plan=0, canonical_config=0)
+    plan = build_plan(config, "once.toml")
+    async with MemoryEventStore() as store:
+        await run_campaign(config, store, plan=plan)
+    assert counts == {"build_plan": 0, "canonical_config": 1}  # the plan's own, made above

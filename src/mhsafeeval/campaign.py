@@ -375,7 +375,8 @@ def campaign_graph(
     c, a = config.campaign, config.ablation
     cells = plan.taxonomy.cell_ids()
     specs = {spec.id: spec for spec in plan.conversations}
-    run, judging = search_run(config), judge_run(config)
+    run = plan.run or search_run(config)
+    judging = plan.judging or judge_run(config)
     prompts = _counselor_prompts(config)
 
     def spec(agent_id: AgentId) -> ConversationSpec:

@@ -72,8 +72,9 @@ class ConversationSpec(msgspec.Struct, frozen=True):
 
 
 class CampaignPlan(msgspec.Struct, frozen=True):
-    """What :func:`build_plan` made of a config: the taxonomy and every planned conversation.
-    Built once per command and passed on."""
+    """What :func:`build_plan` made of a config: the taxonomy and every planned conversation,
+    and everything else a run derives from the config, each worked out once here. Built once
+    per command and passed on: config -> plan -> graph -> run, in that direction only."""
 
     taxonomy: Taxonomy
     conversations: tuple[ConversationSpec, ...]
@@ -87,6 +88,14 @@ class CampaignPlan(msgspec.Struct, frozen=True):
     """``[judge]`` decoded by that judge (None: it takes no options)."""
     agents: tuple[AddedAgent, ...] = ()
     """The ``[agents.NAME]`` tables, checked (classes imported, options decoded)."""
+    config: Config | None = None
+    """The configuration it was made from (with ``--set`` values)."""
+    run: SearchRun | None = None
+    """What the campaign tells its controller (:func:`search_run`)."""
+    judging: JudgeRun | None = None
+    """What the campaign tells its judges (:func:`judge_run`)."""
+    stored: str = ""
+    """The configuration text the campaign stores, and a resume compares (:func:`stored_config`)."""
 
 
 def _resolve(path: str, base: Path | None) -> Path:
@@ -137,7 +146,14 @@ def build_plan(config: Config, source: str | Path = "<config>") -> CampaignPlan:
         twice = [i for i, n in ids.items() if n > 1]
         raise InputError(source, "campaign", f"two conversations would share the id {twice[0]!r}")
     added = added_agents(config, source)
-    return CampaignPlan(taxonomy, specs, controller, options, judge, judged_with, added)
+    plan = CampaignPlan(taxonomy, specs, controller, options, judge, judged_with, added)
+    return msgspec.structs.replace(
+        plan,
+        config=config,
+        run=search_run(config),
+        judging=judge_run(config),
+        stored=canonical_config(_decoded(config, plan), _fingerprints(plan)),
+    )
 
 
 def judge_run(config: Config) -> JudgeRun:
@@ -161,7 +177,10 @@ def search_run(config: Config) -> SearchRun:
 
 def stored_config(config: Config, plan: CampaignPlan) -> str:
     """The configuration text a campaign stores (and a resume compares): the canonical
-    config with ``[search]`` as its controller decoded it, and digests of the inputs."""
+    config with ``[search]`` as its controller decoded it, and digests of the inputs. The plan
+    of ``config`` has it already (``plan.stored``)."""
+    if plan.config is config and plan.stored:
+        return plan.stored
     return canonical_config(_decoded(config, plan), _fingerprints(plan))
 
 
