@@ -459,14 +459,9 @@ async def test_a_run_plans_its_config_once(monkeypatch: pytest.MonkeyPatch) -> N
 
         return wrapper
 
-    monkeypatch.setattr(
-        mhsafeeval.campaign, "build_plan", counted("build_plan", mhsafeeval.campaign.build_plan)
-    )
-    monkeypatch.setattr(
-        mhsafeeval.plan,
-        "canonical_config",
-        counted("canonical_config", mhsafeeval.plan.canonical_config),
-    )
+    patched = ((mhsafeeval.campaign, "build_plan"), (mhsafeeval.plan, "canonical_config"))
+    for module, name in patched:
+        monkeypatch.setattr(module, name, counted(name, getattr(module, name)))
     text = '[campaign]\nname = "once"\nmax_turns = 1\nmax_attempts = 1\n' + scripted_models()
     config = parse_config(text, "once.toml")
     async with MemoryEventStore() as store:
