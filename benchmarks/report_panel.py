@@ -78,7 +78,7 @@ anyio.run(main, backend="asyncio")
 
 PRE_PASS = """
 import os, sys, time, anyio
-from mhsafeeval.export import _pipe_plan, export
+from mhsafeeval.reports.export import _pipe_plan, export
 from mhsafeeval.storage import SqliteEventStore
 async def main():
     async with SqliteEventStore(sys.argv[1], read_only=True) as store:

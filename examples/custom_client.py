@@ -31,7 +31,7 @@ from mhsafeeval.config import load_config
 from mhsafeeval.framework import Agent, on
 from mhsafeeval.framework.engine import Node
 from mhsafeeval.messages import CallFailed, ClientUtterance, Instruction
-from mhsafeeval.report import load_reports_and_logs, render_text
+from mhsafeeval.reports.text import load_reports_and_logs, render_text
 from mhsafeeval.storage import SqliteEventStore
 
 HERE = Path(__file__).parent

@@ -31,7 +31,7 @@ from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import load_config
 from mhsafeeval.framework.engine import Intercept
 from mhsafeeval.messages import CounselorReply
-from mhsafeeval.report import load_reports_and_logs, render_text
+from mhsafeeval.reports.text import load_reports_and_logs, render_text
 from mhsafeeval.storage import SqliteEventStore
 
 HERE = Path(__file__).parent

@@ -16,7 +16,7 @@ from mhsafeeval.ablate import ARMS, ArmRun, ablation_table, arm_campaign, arm_co
 from mhsafeeval.cli import main
 from mhsafeeval.config import parse_config
 from mhsafeeval.messages import CampaignFinished, ConversationStarted, Message, TurnCommitted
-from mhsafeeval.report import load_report
+from mhsafeeval.reports.text import load_report
 from mhsafeeval.storage import SqliteEventStore
 from mhsafeeval.testing import scripted_models
 

@@ -19,9 +19,7 @@ from mhsafeeval.agents import ClientAgent, CounselorAgent, RefinerAgent, builtin
 from mhsafeeval.budget import Budget, BudgetedModel
 from mhsafeeval.config import BudgetSection
 from mhsafeeval.costs import role_cost
-from mhsafeeval.export import attempt_records
 from mhsafeeval.framework import Agent, Message, Runtime
-from mhsafeeval.html_report import _metrics_table
 from mhsafeeval.judges import RubricJudge
 from mhsafeeval.messages import (
     SEARCH_JUDGE,
@@ -42,7 +40,9 @@ from mhsafeeval.providers import (
     open_model,
 )
 from mhsafeeval.providers._litellm import import_litellm
-from mhsafeeval.report import CampaignReport, render_text, report_json
+from mhsafeeval.reports.export import attempt_records
+from mhsafeeval.reports.html import _metrics_table
+from mhsafeeval.reports.text import CampaignReport, render_text, report_json
 from mhsafeeval.storage import MemoryEventStore, compute_metrics
 from mhsafeeval.taxonomy import builtin_taxonomy
 from mhsafeeval.testing import Recorder

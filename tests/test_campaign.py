@@ -428,7 +428,7 @@ async def test_the_judge_sees_its_own_window_of_committed_exchanges(
 
 
 async def test_the_text_report_fits_an_80_column_terminal() -> None:
-    from mhsafeeval.report import load_report, render_text
+    from mhsafeeval.reports.text import load_report, render_text
 
     cfg = config()
     async with MemoryEventStore() as store:

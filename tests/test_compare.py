@@ -12,15 +12,15 @@ import msgspec
 import pytest
 
 from mhsafeeval.cli import main
-from mhsafeeval.compare import (
+from mhsafeeval.reports.compare import (
     Comparison,
     compare_files,
     comparison_json,
     comparison_schema,
     render_comparison,
 )
-from mhsafeeval.html_report import comparison_html, comparison_section
-from mhsafeeval.report import SPARSE_ATTEMPTS, load_report
+from mhsafeeval.reports.html import comparison_html, comparison_section
+from mhsafeeval.reports.text import SPARSE_ATTEMPTS, load_report
 from mhsafeeval.stats import cluster_bootstrap, difference_interval
 from mhsafeeval.storage import ModelMetrics, SqliteEventStore
 

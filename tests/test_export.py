@@ -17,7 +17,6 @@ import pytest
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import AttemptRecord, archive_json, attempt_records, export
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
@@ -35,6 +34,7 @@ from mhsafeeval.messages import (
     Verdict,
 )
 from mhsafeeval.providers import CallParams, ChatMessage, PermanentProviderError
+from mhsafeeval.reports.export import AttemptRecord, archive_json, attempt_records, export
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import SAFE_REPLY, demo_judge

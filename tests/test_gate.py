@@ -14,11 +14,11 @@ from helpers import cli
 from mhsafeeval.cli import EXIT_GATE, main
 from mhsafeeval.config import GateCell, GateSection, parse_config
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import archive_json, attempt_records
-from mhsafeeval.gate import describe, evaluate, exceeded, junit_xml, override
 from mhsafeeval.messages import Elite
 from mhsafeeval.providers import CallParams, ChatMessage, PermanentProviderError
-from mhsafeeval.report import CampaignReport, load_reports_and_logs
+from mhsafeeval.reports.export import archive_json, attempt_records
+from mhsafeeval.reports.gate import describe, evaluate, exceeded, junit_xml, override
+from mhsafeeval.reports.text import CampaignReport, load_reports_and_logs
 from mhsafeeval.storage import CampaignLog, ModelMetrics, SqliteEventStore
 from mhsafeeval.testing import demo_counselor, register_script
 

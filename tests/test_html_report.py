@@ -15,10 +15,10 @@ import pytest
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import archive_json
-from mhsafeeval.html_report import WARNING, build_html, embed_json, write_html
 from mhsafeeval.providers import CallParams, ChatMessage
-from mhsafeeval.report import load_report
+from mhsafeeval.reports.export import archive_json
+from mhsafeeval.reports.html import WARNING, build_html, embed_json, write_html
+from mhsafeeval.reports.text import load_report
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from needs import need, need_module

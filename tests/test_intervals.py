@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from mhsafeeval.html_report import build_html
 from mhsafeeval.messages import (
     CampaignStarted,
     ClientUtterance,
@@ -17,7 +16,8 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Verdict,
 )
-from mhsafeeval.report import load_report, render_text, report_json
+from mhsafeeval.reports.html import build_html
+from mhsafeeval.reports.text import load_report, render_text, report_json
 from mhsafeeval.stats import wilson_interval
 from mhsafeeval.storage import MemoryEventStore, ModelMetrics, compute_metrics
 

@@ -23,7 +23,7 @@ from mhsafeeval.messages import (
     Usage,
     Verdict,
 )
-from mhsafeeval.report import load_report, render_text, report_json
+from mhsafeeval.reports.text import load_report, render_text, report_json
 from mhsafeeval.stats import krippendorff_alpha, permutation_test_paired, weighted_kappa
 from mhsafeeval.storage import CampaignLog, MemoryEventStore, compare_models, compute_metrics
 from mhsafeeval.storage._log import RaterFacts
@@ -260,7 +260,7 @@ def _ids(e: Message) -> dict[str, Any]:
 
 
 def test_the_html_report_shows_judges_agreement_comparisons_and_cost() -> None:
-    from mhsafeeval.html_report import build_html
+    from mhsafeeval.reports.html import build_html
 
     async def page(events: list[Message]) -> str:
         async with MemoryEventStore() as store:
@@ -280,8 +280,8 @@ def test_the_html_report_shows_judges_agreement_comparisons_and_cost() -> None:
 
 
 def test_a_reporting_judges_failure_is_counted_apart_and_changes_no_outcome() -> None:
-    from mhsafeeval.export import records_of
     from mhsafeeval.messages import CallFailed
+    from mhsafeeval.reports.export import records_of
 
     events = campaign()
     first = next(e for e in events if isinstance(e, Verdict))

@@ -27,8 +27,8 @@ from urllib.parse import unquote
 import pytest
 
 from helpers import cli
-from mhsafeeval import html_report
 from mhsafeeval.cli import main
+from mhsafeeval.reports import html as html_report
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "campaign.toml"
@@ -199,7 +199,7 @@ RUNS = 9
 
 CHILD = """
 import functools, os, signal, sys
-from mhsafeeval import html_report
+from mhsafeeval.reports import html as html_report
 from mhsafeeval.cli import main
 kill_at = int(sys.argv[1])
 html_report.write_html = functools.partial(

@@ -26,9 +26,9 @@ import pytest
 from mhsafeeval._terminal import visible
 from mhsafeeval.cli import main
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import export
 from mhsafeeval.framework import encode_message
 from mhsafeeval.messages import ClientUtterance, CounselorReply, Message
+from mhsafeeval.reports.export import export
 from mhsafeeval.storage import MemoryEventStore, SqliteEventStore
 from needs import need_command
 

@@ -26,10 +26,10 @@ from mhsafeeval.config import (
     parse_config,
 )
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import attempt_records, export
 from mhsafeeval.messages import ConversationStarted, Instruction
 from mhsafeeval.plan import build_plan
 from mhsafeeval.providers import CallParams, ChatMessage, ScriptedModel
+from mhsafeeval.reports.export import attempt_records, export
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import register_script
 

@@ -22,8 +22,6 @@ import pytest
 from mhsafeeval.budget import Budget
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import BudgetSection, parse_config
-from mhsafeeval.export import attempt_records
-from mhsafeeval.html_report import build_html
 from mhsafeeval.messages import (
     CallFailed,
     CampaignStarted,
@@ -45,7 +43,9 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.progress import Progress
 from mhsafeeval.providers import CallParams, ChatMessage
-from mhsafeeval.report import load_report, render_text, report_json
+from mhsafeeval.reports.export import attempt_records
+from mhsafeeval.reports.html import build_html
+from mhsafeeval.reports.text import load_report, render_text, report_json
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.testing import HARMS, demo_counselor, register_script, scripted_models
 

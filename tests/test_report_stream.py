@@ -22,9 +22,7 @@ import pytest
 from helpers import GeneratedStore
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.export import AttemptRecord, campaign_log, export, records_of, stream_records
 from mhsafeeval.framework.store._protocol import StoredEvent
-from mhsafeeval.html_report import build_html, write_html
 from mhsafeeval.messages import (
     CampaignStarted,
     ClientUtterance,
@@ -41,7 +39,15 @@ from mhsafeeval.messages import (
     Verdict,
     lookahead_branch,
 )
-from mhsafeeval.report import load_report, load_reports_and_logs, report_json, report_of
+from mhsafeeval.reports.export import (
+    AttemptRecord,
+    campaign_log,
+    export,
+    records_of,
+    stream_records,
+)
+from mhsafeeval.reports.html import build_html, write_html
+from mhsafeeval.reports.text import load_report, load_reports_and_logs, report_json, report_of
 from mhsafeeval.storage import (
     CampaignLog,
     CampaignTally,

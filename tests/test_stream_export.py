@@ -23,13 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mhsafeeval.export as export_module
+import mhsafeeval.reports.export as export_module
 from helpers import GeneratedStore, cli
-from mhsafeeval import html_report
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.export import AttemptRecord, RecordStream, export, records_of
-from mhsafeeval.html_report import build_html, write_html
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
@@ -56,6 +53,9 @@ from mhsafeeval.providers import (
     PermanentProviderError,
 )
 from mhsafeeval.rejudge import rejudge
+from mhsafeeval.reports import html as html_report
+from mhsafeeval.reports.export import AttemptRecord, RecordStream, export, records_of
+from mhsafeeval.reports.html import build_html, write_html
 from mhsafeeval.storage import CampaignLog, EventStore, MemoryEventStore, SqliteEventStore
 from mhsafeeval.testing import demo_counselor, register_script, scripted_models
 from mhsafeeval.testing._demo import demo_judge

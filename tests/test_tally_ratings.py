@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from helpers import GeneratedStore
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
-from mhsafeeval.export import campaign_log
 from mhsafeeval.messages import (
     CallFailed,
     CampaignStarted,
@@ -43,7 +42,8 @@ from mhsafeeval.messages import (
 )
 from mhsafeeval.providers import ModelSettings
 from mhsafeeval.rejudge import rejudge
-from mhsafeeval.report import (
+from mhsafeeval.reports.export import campaign_log
+from mhsafeeval.reports.text import (
     _tallied_log,
     load_report,
     load_reports_and_logs,

@@ -8,7 +8,7 @@ the config's ``[campaign] name`` with the arm's key after a dot (``paper.full``,
 same ablation again resumes it: finished arms are left as they are, unfinished ones continue.
 
 The table (:func:`ablation_table`) reads each arm's overall ASR, with its 95% interval, from
-the arm's report (:func:`mhsafeeval.report.load_report`), per counselor model; the paper's
+the arm's report (:func:`mhsafeeval.reports.text.load_report`), per counselor model; the paper's
 published figures (:data:`PUBLISHED`) are printed under it for reference.
 """
 
@@ -28,7 +28,7 @@ from mhsafeeval.errors import InputError
 from mhsafeeval.messages import Message
 from mhsafeeval.plan import CampaignPlan, build_plan
 from mhsafeeval.providers import ResilientClient
-from mhsafeeval.report import load_report
+from mhsafeeval.reports.text import load_report
 from mhsafeeval.storage import EventStore
 
 __all__ = [
@@ -269,7 +269,7 @@ async def ablation_table(
     source: str | Path | None = None,
 ) -> AblationTable:
     """The table of the ablation of campaign ``name`` as ``store`` holds it: each stored arm's
-    report, read through :func:`mhsafeeval.report.load_report`. ``runs``: this run's results,
+    report, read through :func:`mhsafeeval.reports.text.load_report`. ``runs``: this run's results,
     for each arm's status."""
     known = {c.id for c in await store.list_campaigns()}
     statuses = {r.arm.key: r.result.status for r in runs}

@@ -29,7 +29,7 @@ from mhsafeeval.framework import redact
 if TYPE_CHECKING:
     from mhsafeeval.config import GateSection
     from mhsafeeval.providers import ModelSettings
-    from mhsafeeval.report import CampaignReport
+    from mhsafeeval.reports.text import CampaignReport
     from mhsafeeval.storage import CampaignLog, EventStore
 
 __all__ = ["main"]
@@ -678,10 +678,10 @@ def _taxonomy(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace) -> int:
     from mhsafeeval.campaign import DEMO_CONFIG, run_campaign
     from mhsafeeval.config import blame_overrides, overridden_text, parse_config, read_config
-    from mhsafeeval.gate import other_levels as gate_levels
     from mhsafeeval.plan import build_plan, estimate_calls, preflight
     from mhsafeeval.progress import Progress, following
-    from mhsafeeval.report import load_reports_and_logs, render_text, unmeasured
+    from mhsafeeval.reports.gate import other_levels as gate_levels
+    from mhsafeeval.reports.text import load_reports_and_logs, render_text, unmeasured
     from mhsafeeval.storage import SqliteEventStore
 
     if args.config is None:
@@ -878,7 +878,7 @@ def _print_estimate(config: Config, conversations: int, calls: dict[str, tuple[i
 
 
 async def _report(args: argparse.Namespace) -> int:
-    from mhsafeeval.report import load_report, render_text, report_json
+    from mhsafeeval.reports.text import load_report, render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
     if args.baseline is not None and args.html is None:
@@ -889,11 +889,11 @@ async def _report(args: argparse.Namespace) -> int:
     async with SqliteEventStore(args.db, read_only=True) as store:
         code = await _report_gate(args, store)  # 0, or EXIT_GATE: only when a gate is asked for
         if args.html is not None:
-            from mhsafeeval.html_report import pages_folder, write_html
+            from mhsafeeval.reports.html import pages_folder, write_html
 
             comparison = None
             if args.baseline is not None:
-                from mhsafeeval.compare import compare_files
+                from mhsafeeval.reports.compare import compare_files
 
                 comparison = await compare_files(
                     args.baseline,
@@ -916,14 +916,14 @@ async def _report(args: argparse.Namespace) -> int:
 
 
 async def _compare(args: argparse.Namespace) -> int:
-    from mhsafeeval.compare import compare_files, comparison_json, render_comparison
+    from mhsafeeval.reports.compare import compare_files, comparison_json, render_comparison
 
     check_output(args.html, "--html", (args.a, args.b))  # never over what it reads
     comparison = await compare_files(
         args.a, args.b, campaign_a=args.campaign_a, campaign_b=args.campaign_b
     )
     if args.html is not None:
-        from mhsafeeval.html_report import comparison_html
+        from mhsafeeval.reports.html import comparison_html
 
         with open_private_atomic(args.html) as out:  # owner-only, replaced whole
             out.write(comparison_html(comparison))
@@ -946,7 +946,7 @@ class _VisibleLines(io.TextIOBase):
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from mhsafeeval.export import archive_json, export
+    from mhsafeeval.reports.export import archive_json, export
     from mhsafeeval.storage import SqliteEventStore
 
     check_output(args.out, "--out", (args.db,))  # never over what it reads
@@ -1009,7 +1009,7 @@ def _positive(text: str) -> int:
     return value
 
 
-# -- the CI gate (mhsafeeval.gate) ------------------------------------------------------------
+# -- the CI gate (mhsafeeval.reports.gate) -------------------------------------------------
 
 
 def _gate_arguments(parser: argparse.ArgumentParser, *, stored: bool) -> None:
@@ -1061,7 +1061,7 @@ def _run_gate(
     """The run's gate: ``[gate]`` with the command line's options (``args``; None: none) over
     it, its cell rules checked against the taxonomy (InputError naming the key, before
     anything is written)."""
-    from mhsafeeval.gate import check_gate, override
+    from mhsafeeval.reports.gate import check_gate, override
 
     gate = config.gate
     if args is not None:
@@ -1080,7 +1080,7 @@ def _decide_gate(
     """Check the run's results against its gate (one stderr line per exceeded limit) and
     write ``--junit``; True when a limit is exceeded. A run that stopped before it finished
     (a budget) decides nothing: its own exit code says why."""
-    from mhsafeeval.gate import apply_gate, evaluate, write_junit
+    from mhsafeeval.reports.gate import apply_gate, evaluate, write_junit
 
     if not gate.active and args.junit is None:
         return False
@@ -1100,7 +1100,7 @@ async def _report_gate(args: argparse.Namespace, store: EventStore) -> int:
     """``report --junit`` / ``--fail-above``: each campaign against its stored gate."""
     if args.junit is None and args.fail_above is None and not args.fail_above_ci:
         return 0
-    from mhsafeeval.gate import gate_stored
+    from mhsafeeval.reports.gate import gate_stored
 
     exceeded = await gate_stored(
         store,

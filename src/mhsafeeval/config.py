@@ -234,7 +234,8 @@ class GateCell(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     A *failure* here is a judged reply of the cell with severity >= ``min_severity`` (default:
     the campaign's threshold). Exactly one limit: ``max_asr`` (the cell's share of judged
     replies that failed) or ``max_failures`` (how many may fail; 0: none). The category and
-    role ids are checked against the campaign's taxonomy (:func:`mhsafeeval.gate.check_gate`).
+    role ids are checked against the campaign's taxonomy
+    (:func:`mhsafeeval.reports.gate.check_gate`).
     """
 
     category: str

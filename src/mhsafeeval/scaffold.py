@@ -148,7 +148,7 @@ async def view_report(
     Raises:
         InputError: ``db`` is missing or no campaign database, or holds no such campaign.
     """
-    from mhsafeeval.html_report import write_html
+    from mhsafeeval.reports.html import write_html
     from mhsafeeval.storage import SqliteEventStore
 
     async with SqliteEventStore(db, read_only=True) as store:  # a bad file is refused here

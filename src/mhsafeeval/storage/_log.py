@@ -28,7 +28,7 @@ counts): never the texts (instructions, utterances, replies, the judge's reasoni
 report of a large campaign holds a few hundred bytes per attempt whatever its transcripts
 weigh. The texts are folded apart, by :class:`TextFold` (the same rules, text events only):
 the export and the HTML report fold them in the same read as the facts and drop a
-conversation's once it completes (:class:`~mhsafeeval.export.RecordStream`); a whole fold
+conversation's once it completes (:class:`~mhsafeeval.reports.export.RecordStream`); a whole fold
 reads them in a second read, attempt by attempt (see :attr:`AttemptFacts.text_seq`). With
 ``keep_text`` the log also keeps every attempt's texts (small, in-memory uses). With
 ``retain=False`` (the live progress display) a conversation's attempts are forgotten once it

@@ -3,7 +3,7 @@
 A gate (:class:`~mhsafeeval.config.GateSection`, the ``[gate]`` table, or ``--fail-above``)
 sets limits per counselor model: on its overall ASR, and per taxonomy cell on the share or the
 number of judged replies at or above a severity. :func:`evaluate` checks one campaign's
-:class:`~mhsafeeval.report.CampaignReport` against it (the figures the report shows, nothing
+:class:`~mhsafeeval.reports.text.CampaignReport` against it (the figures the report shows, nothing
 recomputed another way); ``mhsafeeval run`` exits 4 when a limit is exceeded, and
 :func:`junit_xml` writes one JUnit test case per counselor model and cell for CI systems.
 
@@ -16,7 +16,7 @@ Rules, decided once here:
 * A cell with no judged reply for a model is *unmeasured*: nothing in it is exceeded (the search
   did not get there; the JUnit case is skipped). A model with no judged turn at all exceeds an
   overall ``max_asr``: a campaign that measured nothing shows nothing is under the limit.
-* Fewer than :data:`~mhsafeeval.report.SPARSE_ATTEMPTS` judged replies (turns, overall) is
+* Fewer than :data:`~mhsafeeval.reports.text.SPARSE_ATTEMPTS` judged replies (turns, overall) is
   *sparse*: said beside the result, which is still decided by the numbers.
 """
 
@@ -37,7 +37,7 @@ from mhsafeeval._terminal import visible
 from mhsafeeval.config import GateSection, convert_table
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import Elite
-from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
+from mhsafeeval.reports.text import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
 from mhsafeeval.storage import CampaignLog, EventStore, ModelMetrics, metrics_of
 
 __all__ = [
@@ -89,7 +89,7 @@ class GateCheck(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def sparse(self) -> bool:
-        """Fewer than :data:`~mhsafeeval.report.SPARSE_ATTEMPTS` judged replies behind it."""
+        """Fewer than :data:`~mhsafeeval.reports.text.SPARSE_ATTEMPTS` judged replies behind it."""
         return self.judged < SPARSE_ATTEMPTS
 
 
@@ -176,7 +176,7 @@ def evaluate(
     """Every limit of ``gate`` applied to every counselor model of ``report``.
 
     Args:
-        report: One campaign's report (:func:`mhsafeeval.report.load_report`).
+        report: One campaign's report (:func:`mhsafeeval.reports.text.load_report`).
         gate: The limits (see :func:`check_gate` for their ids).
         log: The campaign's log, needed only by a cell rule whose ``min_severity`` is not the
             campaign's threshold: its cells are read from the same metrics folded at that
@@ -423,7 +423,7 @@ def _case(
         failure = ET.SubElement(
             case,
             "failure",
-            type="mhsafeeval.gate",
+            type="mhsafeeval.reports.gate",
             message=xml_text("; ".join(map(describe, over))),
         )
         failure.text = xml_text(_elite_text(elite))

@@ -15,7 +15,7 @@ import msgspec
 
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import campaign_log
+from mhsafeeval.reports.export import campaign_log
 from mhsafeeval.storage import (
     CampaignLog,
     CampaignTally,
@@ -149,7 +149,7 @@ async def load_reports_and_logs(
     whole: bool = True,
 ) -> list[tuple[CampaignReport, CampaignLog]]:
     """Like :func:`load_report`, with each campaign's compact log (no texts: see
-    :func:`~mhsafeeval.export.stream_records`) beside its report.
+    :func:`~mhsafeeval.reports.export.stream_records`) beside its report.
 
     ``whole=False``: the report is tallied as :func:`load_report`'s is, and the log forgot
     each conversation's attempts once it completed (its ``on_close`` is set): its archive,

@@ -16,7 +16,7 @@ widened to contain Newcombe's interval of the pooled counts (Wilson intervals of
 as if every unit were independent), so that it never claims more certainty than independent
 trials would (a percentile bootstrap collapses at rates of 0 or 1 and with one
 conversation). A change is ``beyond_noise`` when that interval excludes 0. A rate with fewer
-than :data:`~mhsafeeval.report.SPARSE_ATTEMPTS` judged units on either side is ``sparse`` and
+than :data:`~mhsafeeval.reports.text.SPARSE_ATTEMPTS` judged units on either side is ``sparse`` and
 never marked, whatever its interval; one not judged on a side is ``untried``.
 
 **Comparable judges.** Numbers from different judges, thresholds or taxonomies measure
@@ -38,7 +38,7 @@ from typing import Any, Literal
 import msgspec
 
 from mhsafeeval.errors import InputError
-from mhsafeeval.report import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
+from mhsafeeval.reports.text import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
 from mhsafeeval.stats import CONFIDENCE, RESAMPLES, SEED, difference_interval
 from mhsafeeval.storage import CampaignLog, EventStore, ModelMetrics
 
@@ -336,7 +336,7 @@ def compare(
     """Compare campaign ``a`` (baseline) with ``b`` (candidate).
 
     Args:
-        a: A's report, its log (:func:`~mhsafeeval.report.load_reports_and_logs`) and the
+        a: A's report, its log (:func:`~mhsafeeval.reports.text.load_reports_and_logs`) and the
             configuration it stored (:attr:`~mhsafeeval.storage.EventStore` campaign info).
         b: the same for B.
         sources: the databases' names, for the document.

@@ -20,20 +20,20 @@ of the report's own origin (``'self'``: its folder, on ``file://``). The report 
 are replaced as one unit (:class:`~mhsafeeval._files.FileSet`): ``RUN`` is a folder of this
 report's pages only, named when they are all written, just before the main file is replaced.
 
-The report reads the store once per campaign (:class:`~mhsafeeval.export.RecordStream`): each
-conversation is tallied for the figures and its records are put on a page as it completes, then
-forgotten, so what is held is a page of transcripts, the conversations in flight and the
+The report reads the store once per campaign (:class:`~mhsafeeval.reports.export.RecordStream`):
+each conversation is tallied for the figures and its records are put on a page as it completes,
+then forgotten, so what is held is a page of transcripts, the conversations in flight and the
 elites' conversations, not the campaign. Pages hold whole conversations in order of completion
-(the ones that never completed last). Reporting judges' ratings stored after their
-conversation completed (a panel rates after the turn, ``rejudge`` after the campaign) go to the
-tally (:meth:`~mhsafeeval.storage.CampaignTally.fold`); a campaign with any other event stored
-after its conversation completed is folded whole instead (its pages then hold the
-conversations in order of their first attempt). Transcripts kept inline are in order of each
-attempt's first event either way.
+(the ones that never completed last). Reporting judges' ratings stored after their conversation
+completed (a panel rates after the turn, ``rejudge`` after the campaign) go to the tally
+(:meth:`~mhsafeeval.storage.CampaignTally.fold`); a campaign with any other event stored after
+its conversation completed is folded whole instead (its pages then hold the conversations in
+order of their first attempt). Transcripts kept inline are in order of each attempt's first
+event either way.
 
 Every rate shows its 95% interval (see :mod:`mhsafeeval.storage._metrics`): a second row of the
 metrics table, error bars on the charts, and a table of each cell's ASR with its interval, where
-cells with fewer than :data:`~mhsafeeval.report.SPARSE_ATTEMPTS` judged attempts are marked
+cells with fewer than :data:`~mhsafeeval.reports.text.SPARSE_ATTEMPTS` judged attempts are marked
 ``sparse``.
 """
 
@@ -53,17 +53,17 @@ from urllib.parse import quote
 import msgspec
 
 from mhsafeeval._files import FileSet, check_output, write_private_atomic
-from mhsafeeval.compare import Change, Comparison, ModelChange
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
-from mhsafeeval.export import (
+from mhsafeeval.messages import Elite
+from mhsafeeval.reports.compare import Change, Comparison, ModelChange
+from mhsafeeval.reports.export import (
     AttemptRecord,
     RecordStream,
     archive_of,
     stream_records,
 )
-from mhsafeeval.messages import Elite
-from mhsafeeval.report import (
+from mhsafeeval.reports.text import (
     SPARSE_ATTEMPTS,
     CampaignReport,
     load_reports_and_logs,
@@ -601,7 +601,7 @@ async def build_html(
         inline_attempts: Transcripts of a campaign this small stay inline.
         page_attempts: Attempts per page (whole conversations).
         comparison: A comparison with a baseline campaign
-            (:func:`mhsafeeval.compare.compare_files`), shown as a section after the
+            (:func:`mhsafeeval.reports.compare.compare_files`), shown as a section after the
             campaigns' (``report --html OUT --baseline A.db``).
 
     Raises:
@@ -925,8 +925,8 @@ def _comparison_model(m: ModelChange) -> str:
 
 
 def comparison_section(comparison: Comparison) -> str:
-    """The HTML section of a :class:`~mhsafeeval.compare.Comparison`: both campaigns and their
-    judges, any warning, and per counselor model its overall ASR, coverage and each cell tried
+    """The HTML section of a :class:`~mhsafeeval.reports.compare.Comparison`: both campaigns and
+    their judges, any warning, and per counselor model its overall ASR, coverage and each cell tried
     on either side, with the change B - A and its 95% interval (every text escaped)."""
     c = comparison
     sides = [
