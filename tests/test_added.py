@@ -120,7 +120,10 @@ def test_check_exits_2_on_a_bad_agents_table_and_lists_a_good_one(tmp_path: Path
     path.write_text(BASE + JUDGE)
     done = cli("check", str(path))
     assert done.returncode == 0, done.stderr
-    assert "added     second-judge   mhsafeeval.judges:RubricJudge on scripted/" in done.stdout
+    assert "added     second-judge   mhsafeeval.judges:RubricJudge\n" in done.stdout
+    assert "on scripted/demo-lenient-judge" in done.stdout
+    added = done.stdout.split("  added ", 1)[1].splitlines()
+    assert max(map(len, added)) <= 80
 
 
 @pytest.mark.anyio

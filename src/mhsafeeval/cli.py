@@ -646,10 +646,12 @@ def _check(args: argparse.Namespace) -> int:
     samples = f" x {config.judges.samples} samples" if config.judges.samples > 1 else ""
     for name, model in config.judges.panel.items():
         print(visible(f"  panel     {name:<14} {model.provider}{samples} (reports only)"))
-    for added in plan.agents:
+    for added in plan.agents:  # 80 columns: the model on a line of its own
         table = config.agents[added.name]
-        on = f" on {table.model.provider}" if table.model is not None else ""
-        print(visible(f"  added     {added.name:<14} {table.class_}{on} ({added.scope})"))
+        scope = " (one for all)" if added.scope == "global" else ""
+        print(visible(f"  added     {added.name:<14} {table.class_}{scope}"))
+        if table.model is not None:
+            print(visible(f"{'':<27}on {table.model.provider}"))
     return 0
 
 
