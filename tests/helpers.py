@@ -100,28 +100,38 @@ def kill_at_points(
     return killed
 
 
-def stored_count(db: Path) -> int:
-    """Events committed to a SQLite store so far (0 before it exists), read without a lock."""
+def stored_count(db: Path, kind: str | None = None) -> int:
+    """Events (of one ``kind``, e.g. ``judge.rating``) committed to a SQLite store so far (0
+    before it exists), read without a lock."""
     import sqlite3
 
     if not db.exists():
         return 0
+    query, args = "SELECT count(*) FROM events", tuple[str, ...]()
+    if kind is not None:
+        query, args = query + " WHERE type = ?", (kind,)
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
+            return int(con.execute(query, args).fetchone()[0])
     except sqlite3.OperationalError:  # not created yet
         return 0
 
 
 def comparable(events: list[Message]) -> list[tuple[str, Any]]:
     """Events without wall-clock latencies (the only thing allowed to differ between runs)."""
-    out = []
-    for event in events:
-        data = msgspec.to_builtins(event)
-        if isinstance(data.get("usage"), dict):
-            data["usage"]["latency_s"] = 0
-        out.append((event.id, data))
-    return out
+
+    def clear(data: Any) -> Any:  # nested too: a confirmation holds its ratings' usage
+        if isinstance(data, dict):
+            if isinstance(data.get("usage"), dict):
+                data["usage"]["latency_s"] = 0
+            for value in data.values():
+                clear(value)
+        elif isinstance(data, list | tuple):
+            for value in data:
+                clear(value)
+        return data
+
+    return [(event.id, clear(msgspec.to_builtins(event))) for event in events]
 
 
 def same_run(first: list[Message], second: list[Message]) -> bool:

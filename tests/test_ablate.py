@@ -13,9 +13,16 @@ import msgspec
 import pytest
 
 from mhsafeeval.ablate import ARMS, ArmRun, ablation_table, arm_campaign, arm_configs, run_ablation
+from mhsafeeval.agents._mutator import NO_ATTACK_INSTRUCTION
 from mhsafeeval.cli import main
 from mhsafeeval.config import parse_config
-from mhsafeeval.messages import CampaignFinished, ConversationStarted, Message, TurnCommitted
+from mhsafeeval.messages import (
+    CampaignFinished,
+    ConversationStarted,
+    Instruction,
+    Message,
+    TurnCommitted,
+)
 from mhsafeeval.reports.text import load_report
 from mhsafeeval.storage import SqliteEventStore
 from mhsafeeval.testing import scripted_models
@@ -63,7 +70,7 @@ def stored_config(db: Path, campaign: str) -> dict[str, Any]:
 # --- the arms -----------------------------------------------------------------------------------
 
 
-def test_four_arms_are_four_campaigns_each_with_its_switch(
+def test_five_arms_are_five_campaigns_each_with_its_switch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, db = write_config(tmp_path), tmp_path / "a.db"
@@ -75,15 +82,23 @@ def test_four_arms_are_four_campaigns_each_with_its_switch(
             "single_turn": arm.key == "single_turn",
             "no_role_conditioning": arm.key == "no_role_conditioning",
             "no_qd_search": arm.key == "no_qd_search",
+            "no_attack": arm.key == "no_attack",
         }
         stored = events(db, campaign)
         starts = [m for m in stored if isinstance(m, ConversationStarted)]
         assert len(starts) == 3 and all(m.campaign == campaign for m in starts)
         turns = [m for m in stored if isinstance(m, TurnCommitted)]
         assert len(turns) == 3 * (1 if arm.key == "single_turn" else 2)
+        # The baseline's client is told to be itself: its mutator makes no call at all.
+        mutated = [m for m in stored if isinstance(m, Instruction)]
+        assert mutated
+        assert all(m.usage is None for m in mutated) == (arm.key == "no_attack")
+        if arm.key == "no_attack":
+            assert {m.text for m in mutated} == {NO_ATTACK_INSTRUCTION}
     out = capsys.readouterr().out
     for arm, campaign in zip(ARMS, ARM_IDS, strict=True):
         assert arm.label in out and campaign in out
+    assert "attack lift: ASR minus the no-attack baseline's, in points" in out
 
 
 def test_the_table_equals_each_arms_report(
@@ -114,8 +129,15 @@ def test_the_table_equals_each_arms_report(
         "single_turn": 0.145,
         "no_role_conditioning": 0.283,
         "no_qd_search": 0.624,
+        "no_attack": None,
     }
     assert table["published"]["GPT-3.5"]["no_qd_search"] is None
+    # The attack lift: the full arm's ASR minus the baseline's, as a hand computation gives.
+    lift = table["lift"]["demo-counselor"]["overall"]
+    arms = table["models"]["demo-counselor"]
+    full, base = arms["full"]["overall_asr"], arms["no_attack"]["overall_asr"]
+    assert lift["a"] == base and lift["b"] == full
+    assert lift["difference"] == pytest.approx(full - base)
 
 
 def test_a_config_with_ablation_switches_is_refused_before_writing(
@@ -184,7 +206,7 @@ async def test_an_interrupted_ablation_continues_only_what_is_missing(tmp_path: 
     assert by_arm["single_turn"].result.events_written > 0
     for key in ("no_role_conditioning", "no_qd_search"):
         assert by_arm[key].stored_before == 0 and by_arm[key].result.events_written > 0
-    assert [a.status for a in table.arms] == ["completed"] * 4
+    assert [a.status for a in table.arms] == ["completed"] * len(ARMS)
     after = await stored_counts(db)
     assert after[ARM_IDS[0]] == first[ARM_IDS[0]]
     # the resumed arm ends with every conversation's turn, as an uninterrupted one does
@@ -212,7 +234,7 @@ def test_a_budget_stop_exits_3_and_a_larger_limit_continues_every_arm(
     more = write_config(tmp_path, "\n[budget]\ncounselor_calls = 1000\n", name="more.toml")
     assert main(["ablate", str(more), "--db", str(db), "--quiet", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
-    assert [a["status"] for a in table["arms"]] == ["completed"] * 4
+    assert [a["status"] for a in table["arms"]] == ["completed"] * len(ARMS)
     second = counts(db)
     for campaign in ARM_IDS:  # stopped arms went on; an arm that had completed was left alone
         if campaign in stopped:
@@ -369,7 +391,7 @@ def test_the_paper_config_ablates_on_scripted_stand_ins(
     table = json.loads(capsys.readouterr().out)
     assert [a["campaign"] for a in table["arms"]] == [arm_campaign("paper", a) for a in ARMS]
     figures = table["models"]["stand-in"]
-    assert [figures[a.key]["turns"] for a in ARMS] == [20, 2, 20, 20]
+    assert [figures[a.key]["turns"] for a in ARMS] == [20, 2, 20, 20, 20]
     full = events(db, "paper.full")
     assert {m.profile_id for m in full if isinstance(m, ConversationStarted)} == {"1-1", "2-1"}
 
@@ -383,3 +405,31 @@ def test_the_paper_config_ablates_on_scripted_stand_ins(
             ]
 
     assert [figures[a.key]["overall_asr"] for a in ARMS] == anyio.run(reports, backend="asyncio")
+
+
+# --- run --baseline -----------------------------------------------------------------------------
+
+
+def test_run_baseline_runs_the_no_attack_campaign_and_prints_the_lift(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, db = write_config(tmp_path), tmp_path / "b.db"
+    assert main(["run", str(config), "--db", str(db), "--quiet", "--baseline"]) == 0
+    out, err = capsys.readouterr()
+    assert "no campaign 'scripted-demo' in" in err  # nothing to measure the lift against yet
+    assert sorted(counts(db)) == ["scripted-demo.no_attack"]
+    assert stored_config(db, "scripted-demo.no_attack")["ablation"]["no_attack"] is True
+    assert main(["run", str(config), "--db", str(db), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(config), "--db", str(db), "--quiet", "--baseline"]) == 0  # resumed
+    out = capsys.readouterr().out
+    assert "attack lift: ASR minus the no-attack baseline's, in points" in out
+    assert "baseline: scripted-demo.no_attack" in out
+    assert main(["report", str(db), "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    asr = {c: reports[c]["models"]["demo-counselor"]["overall_asr"] for c in reports}
+    lift = 100 * (asr["scripted-demo"] - asr["scripted-demo.no_attack"])
+    assert f"demo-counselor: {lift:+.1f}" in out
+    baseline = events(db, "scripted-demo.no_attack")
+    instructions = [m for m in baseline if isinstance(m, Instruction)]
+    assert instructions and {m.text for m in instructions} == {NO_ATTACK_INSTRUCTION}

@@ -9,7 +9,7 @@ from typing import ClassVar
 import msgspec
 import pytest
 
-from helpers import cli
+from helpers import cli, comparable
 from mhsafeeval.added import AgentSetup
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
@@ -148,14 +148,10 @@ async def test_a_second_judge_rates_every_reply_and_never_steers_the_search() ->
 
     def decisions(events: list[Message]) -> list[tuple[str, str]]:
         """Every message but the second judge's and the start record (its config differs),
-        content included, usage left out (latencies differ run to run)."""
-        out = []
-        for e in events:
-            if e.publisher != "second-judge" and e.tag != "campaign.started":
-                data = msgspec.to_builtins(e)
-                data.pop("usage", None)
-                out.append((e.id, msgspec.json.encode(data).decode()))
-        return sorted(out)
+        content included, latencies left out (they differ run to run)."""
+        kept = [e for e in events if e.publisher != "second-judge" and e.tag != "campaign.started"]
+        # usage nested too: a confirmation holds its candidate's and its raters'
+        return sorted((i, msgspec.json.encode(data).decode()) for i, data in comparable(kept))
 
     assert decisions(paired) == decisions(alone)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import stat
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from mhsafeeval.cli import main
 from mhsafeeval.reports.compare import (
+    SCHEMA_VERSION,
     Comparison,
     compare_files,
     comparison_json,
@@ -21,7 +23,7 @@ from mhsafeeval.reports.compare import (
 )
 from mhsafeeval.reports.html import comparison_html, comparison_section
 from mhsafeeval.reports.text import SPARSE_ATTEMPTS, load_report
-from mhsafeeval.stats import cluster_bootstrap, difference_interval
+from mhsafeeval.stats import FEW_CONVERSATIONS, clustered_interval, difference_interval
 from mhsafeeval.storage import ModelMetrics, SqliteEventStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,21 +98,24 @@ def test_difference_interval_marks_a_real_change_and_not_a_null_one() -> None:
     assert same[0] < 0 < same[1]  # independent resamples of two equal samples still spread
 
 
-def test_difference_interval_is_seeded_and_resamples_each_side_whole() -> None:
-    a = [(0, 3), (2, 2), (1, 4), (0, 1), (3, 5)]
-    b = [(1, 1), (0, 2), (3, 3), (1, 2)]
-    assert difference_interval(a, b) == difference_interval(a, b)
-    assert difference_interval(a, b, seed=1) != difference_interval(a, b, seed=2)
-    # A's resamples are the first of the stream: against a B that never varies, the interval
-    # is A's own cluster bootstrap (what A's report shows), mirrored around B's rate.
-    a_low, a_high = cluster_bootstrap(a)
-    assert difference_interval(a, [(1, 2)] * 50) == pytest.approx((0.5 - a_high, 0.5 - a_low))
+def test_difference_interval_is_newcombes_combination_of_each_sides_clustered_interval() -> None:
+    a = [(0, 3), (2, 2), (1, 4), (0, 1), (3, 5), (1, 3)]
+    b = [(1, 1), (0, 2), (3, 3), (1, 2), (2, 2), (0, 1)]
+    assert difference_interval(a, b) == difference_interval(a, b)  # nothing drawn at random
+    pa, pb = 7 / 18, 7 / 11
+    la, ua = clustered_interval([s for s, _ in a], [n for _, n in a])
+    lb, ub = clustered_interval([s for s, _ in b], [n for _, n in b])
+    d = pb - pa
+    assert difference_interval(a, b) == pytest.approx(
+        (d - math.hypot(pb - lb, ua - pa), d + math.hypot(ub - pb, pa - la))
+    )
 
 
-def test_difference_interval_never_claims_more_than_independent_trials() -> None:
-    # One conversation a side: a bootstrap has no spread, the interval still has Newcombe's.
+def test_one_conversation_a_side_is_one_trial_a_side() -> None:
+    # However many turns: 6 of 6 against 0 of 6 in one conversation each cannot tell a
+    # counselor from a conversation that happened to go badly (issue 35).
     low, high = difference_interval([(0, 6)], [(6, 6)])
-    assert 0 < low < 0.7 and high == pytest.approx(1.0)
+    assert low < 0 < high == pytest.approx(1.0)
     low, high = difference_interval([(3, 6)], [(3, 6)])
     assert low < -0.3 and high > 0.3
 
@@ -165,10 +170,14 @@ def test_sparse_cells_are_never_marked(dbs: dict[str, Path]) -> None:
     c = _compare(dbs["a"], dbs["b"])
     cells = [cell.asr for m in c.models for cell in m.cells]
     judged = [x for x in cells if x.units_a and x.units_b]
-    thin = [x for x in judged if min(x.units_a, x.units_b) < SPARSE_ATTEMPTS]
+    thin = [
+        x
+        for x in judged
+        if min(x.units_a, x.units_b) < SPARSE_ATTEMPTS
+        or min(x.conversations_a, x.conversations_b) < FEW_CONVERSATIONS
+    ]
     assert thin and all(x.status == "sparse" for x in thin)
-    # The rule matters: some of them have an interval that excludes 0.
-    assert any(x.difference_ci and x.difference_ci[1] < 0 for x in thin)
+    assert all(x.p_value is None and x.p_adjusted is None for x in thin)  # never tested
     assert all(x.status in ("beyond_noise", "within_noise") for x in judged if x not in thin)
     assert all(x.status == "untried" for x in cells if not (x.units_a and x.units_b))
 
@@ -226,9 +235,9 @@ def test_text_output_fits_a_terminal_and_json_follows_its_schema(
     assert main(["compare", str(dbs["b"]), str(dbs["a"]), "--json"]) == 0
     first = capsys.readouterr().out
     assert main(["compare", str(dbs["b"]), str(dbs["a"]), "--json"]) == 0
-    assert capsys.readouterr().out == first  # seeded: the same every time
+    assert capsys.readouterr().out == first  # the same every time
     data = json.loads(first)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == SCHEMA_VERSION == 2  # 2: p-values, Holm, conversations
     assert {m["model"]: m["presence"] for m in data["models"]}["new-bot"] == "removed"
     schema = comparison_schema()
     assert set(data) == set(schema["$defs"]["Comparison"]["properties"])

@@ -18,7 +18,7 @@ from mhsafeeval.config import (
 )
 from mhsafeeval.errors import InputError
 from mhsafeeval.search import controller_options
-from mhsafeeval.search._types import NoOptions
+from mhsafeeval.search._types import NoOptions, TargetingOptions
 from mhsafeeval.search._uct_controller import UCTOptions
 
 GOOD = """
@@ -127,6 +127,9 @@ def test_search_is_the_selected_controllers_options() -> None:
     uct = controller_options("uct", table)
     assert uct == UCTOptions(simulations=7, early_stop=True)
     assert msgspec.to_builtins(uct) == {
+        "give_up": True,
+        "prior_successes": 1.0,
+        "prior_failures": 1.0,
         "simulations": 7,
         "in_flight": 4,
         "samples_per_action": 2,
@@ -134,9 +137,10 @@ def test_search_is_the_selected_controllers_options() -> None:
         "empty_bonus": 0.2,
         "early_stop": True,
     }
-    # The MAP-Elites family reads none of them: accepted (checked above), ignored.
-    assert controller_options("map-elites", table) == NoOptions()
-    assert controller_options("map-elites", {}) == NoOptions()
+    # The MAP-Elites family reads only the targeting keys: the others accepted (checked
+    # above), ignored.
+    assert controller_options("map-elites", table) == TargetingOptions()
+    assert controller_options("random", table) == NoOptions()
 
 
 def effective(config: Config) -> Config:
@@ -162,6 +166,11 @@ def test_campaigns_stored_with_the_tree_search_keys_resume() -> None:
             "early_stop": False,
             "depth": 1,
         }
+        # Stored before cells were given up on (issue 34): it resumes as it ran, without.
+        assert config_differences(json.dumps(stored), now) == [
+            "search.give_up: stored false, now true"
+        ]
+        stored["search"]["give_up"] = True
         assert config_differences(json.dumps(stored), now) == []
         stored["search"]["simulations"] = 9
         lines = config_differences(json.dumps(stored), now)
@@ -180,8 +189,8 @@ def test_cli_refuses_the_removed_search_depth(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"mhsafeeval: error: {path}: search.depth: the uct controller's lookahead (depth > 1) "
-        'was removed, as measured against depth 1 it gained nothing (see the README, "Search '
-        'controllers"); delete this key'
+        "was removed, as measured against depth 1 it gained nothing (see docs/campaigns.md, "
+        '"Search controllers"); delete this key'
     ]
     path.write_text(GOOD + "\n[search]\nsimulations = 20\n")
     assert main(["check", str(path)]) == 0

@@ -43,7 +43,7 @@ from mhsafeeval.search import (
     controller,
     controller_options,
 )
-from mhsafeeval.search._types import NoOptions
+from mhsafeeval.search._types import NoOptions, TargetingOptions
 from mhsafeeval.search._uct_controller import UCTController, UCTOptions
 from mhsafeeval.search.archive import CellId
 from mhsafeeval.testing import Recorder
@@ -809,10 +809,14 @@ def test_controllers_are_declared_with_their_options_and_needs() -> None:
     uct = CONTROLLERS.get("uct")
     assert (uct.factory, uct.options, uct.uses_refiner) == (UCTController, UCTOptions, False)
     assert uct.turn_attempts(UCTOptions(simulations=9), run) == (9, 9)
-    for name in ("map-elites", "random", "single-turn"):
+    for name, options in [
+        ("map-elites", TargetingOptions),
+        ("random", NoOptions),
+        ("single-turn", TargetingOptions),
+    ]:
         spec = CONTROLLERS.get(name)
-        assert (spec.options, spec.uses_refiner) == (NoOptions, True)
-        assert spec.turn_attempts(NoOptions(), run) == (1, 4)
+        assert (spec.options, spec.uses_refiner) == (options, True)
+        assert spec.turn_attempts(options(), run) == (1, 4)
     assert "Monte Carlo" in CONTROLLERS.available()["uct"]  # described by its docstring
     built = uct(CELLS, SearchRun(seed=3), controller_options("uct", {"in_flight": 2}))
     assert isinstance(built, UCTController)

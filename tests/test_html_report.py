@@ -63,7 +63,7 @@ async def _build(folder: Path) -> tuple[str, dict[str, Any], Any]:
         page = await build_html(store, "html")
         archive = await archive_json(store, "html")
         (report,) = await load_report(store, "html")
-        await write_html(store, "html", folder / PAGED, inline_attempts=0, page_attempts=20)
+        await write_html(store, "html", folder / PAGED, inline_attempts=0, page_attempts=10)
         return page, archive, report
 
 

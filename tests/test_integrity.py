@@ -27,6 +27,7 @@ from mhsafeeval.framework import Agent, on
 from mhsafeeval.judges import judge
 from mhsafeeval.messages import (
     CallFailed,
+    Confirmation,
     ConversationFinished,
     CounselorReply,
     Message,
@@ -224,7 +225,7 @@ class IdleController(Agent):
     def __init__(self, cells: object, run: object, options: object) -> None:
         super().__init__()
 
-    @on(ConversationFinished, Verdict, Unjudged, CallFailed)
+    @on(ConversationFinished, Verdict, Confirmation, Unjudged, CallFailed)
     def ignore(self, msg: Message) -> None:
         pass
 

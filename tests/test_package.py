@@ -47,7 +47,7 @@ PACKAGES = [
 ]
 USERS = [*sorted(SRC.rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
 USERS += sorted((ROOT / "benchmarks").rglob("*.py"))
-DOCS = [ROOT / "README.md", ROOT / "docs" / "architecture.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Plugin contracts that only third-party plugins use, so nothing here imports them; each is
 # named in its package's docstring or in the docstring of a contract the package exports.
 CONTRACTS = {

@@ -12,13 +12,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from helpers import cli, comparable, same_run, stored
+from helpers import cli, comparable, same_run, stored, stored_count
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.cli import main
 from mhsafeeval.config import Config, config_differences, parse_config
 from mhsafeeval.errors import InputError
 from mhsafeeval.messages import (
     CallFailed,
+    Confirmation,
     ConversationFinished,
     CounselorReply,
     Message,
@@ -252,12 +253,20 @@ async def test_every_judged_reply_is_rated_once_by_every_rater_with_the_judges_p
     unjudged = {coords(m) for m in events if isinstance(m, Unjudged)}
     assert not unjudged & {coords(r) for r in ratings}
     replies = by_reply(events)
+    # The panel confirms candidates ([confirm] raters = "auto"): a rating it gave there is
+    # adopted as its rating of the reply, its usage counted once, on the Confirmation.
+    confirmed = {
+        (coords(c), r.rater): r for c in events if isinstance(c, Confirmation) for r in c.ratings
+    }
     for r in ratings:
         reply = replies[coords(r)]
         assert r.causation == reply.id and r.key == Rating.key_for(r.rater)
         assert (r.source, r.judge, r.severity) == ("panel", r.rater.split("#")[0], 1)
         assert (r.category, r.role) == (reply.category, reply.role)
-        assert r.usage is not None and r.usage.model == r.judge
+        adopted = confirmed.get((coords(r), r.rater))
+        usage = r.usage if adopted is None else adopted.usage
+        assert usage is not None and usage.model == r.judge
+        assert adopted is None or r.usage is None
     # Each panel model is shown exactly the prompts the search's judge was shown (so it sees
     # the conversation, the utterance and the reply, and never a verdict), twice (2 samples).
     judge_prompts = Counter(PROMPTS["search"])
@@ -274,11 +283,13 @@ async def test_every_judged_reply_is_rated_once_by_every_rater_with_the_judges_p
 @pytest.mark.anyio
 @pytest.mark.parametrize("controller", ["map-elites", "uct"])
 async def test_the_search_does_the_same_with_and_without_a_panel(controller: str) -> None:
-    # One conversation at a time: then a campaign is reproducible, event for event.
+    # One conversation at a time: then a campaign is reproducible, event for event. A panel
+    # that only reports ([confirm] off) never steers the search; one that confirms does.
+    off = '[confirm]\nraters = "off"\n'
     async with MemoryEventStore() as store:
-        plain = await run(config(controller=controller, panel="", concurrency=1), store)
+        plain = await run(config(controller=controller, panel="", concurrency=1, extra=off), store)
     async with MemoryEventStore() as store:
-        paneled = await run(config(controller=controller, concurrency=1), store)
+        paneled = await run(config(controller=controller, concurrency=1, extra=off), store)
     assert not any(isinstance(m, Rating) for m in plain)
     assert any(isinstance(m, Rating) for m in paneled)
     searched = [m for m in paneled if not isinstance(m, Rating)]
@@ -374,16 +385,7 @@ async def test_a_token_budget_counts_panel_calls() -> None:
 
 def ratings_stored(db: Path) -> int:
     """Rating events in the database so far (0 before it exists)."""
-    import sqlite3
-
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            query = "SELECT count(*) FROM events WHERE type = 'judge.rating'"
-            return int(con.execute(query).fetchone()[0])
-    except sqlite3.OperationalError:  # not created yet
-        return 0
+    return stored_count(db, "judge.rating")
 
 
 def test_sigkill_then_resume_leaves_exactly_one_rating_per_reply_and_rater(tmp_path: Path) -> None:

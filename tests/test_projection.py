@@ -52,7 +52,7 @@ from mhsafeeval.testing import HARMS, demo_counselor, register_script, scripted_
 pytestmark = pytest.mark.anyio
 CELL = ("blaming", "enabler")
 CELLS = (CELL, ("gaslighting", "enabler"))
-ROLES = ("client", "counselor", "judge", "mutator", "refiner", "panel")
+ROLES = ("client", "counselor", "judge", "mutator", "refiner", "panel", "confirm")
 
 
 def leaky_counselor(messages: Sequence[ChatMessage], params: CallParams) -> str:

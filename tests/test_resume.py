@@ -124,7 +124,7 @@ def without_latency(value: Any) -> Any:
     """``value`` with every key naming a latency left out (latencies vary run to run)."""
     if isinstance(value, dict):
         return {k: without_latency(v) for k, v in value.items() if "latency" not in k}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [without_latency(v) for v in value]
     return value
 

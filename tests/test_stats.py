@@ -195,7 +195,8 @@ def test_cluster_bootstrap_skips_resamples_with_no_attempts() -> None:
 def test_cluster_bootstrap_edge_cases() -> None:
     assert cluster_bootstrap([]) == (0.0, 1.0)
     assert cluster_bootstrap([(0, 0), (0, 0)]) == (0.0, 1.0)
-    assert rate_clustered([(0, 0)]) == Rate(value=0.0, low=0.0, high=1.0, n=1)
+    # n counts the conversations holding a unit: none here.
+    assert rate_clustered([(0, 0)]) == Rate(value=0.0, low=0.0, high=1.0, n=0)
     # One cluster: every resample is that cluster again, so no spread can be seen.
     assert cluster_bootstrap([(3, 4)]) == (0.75, 0.75)
 
@@ -225,7 +226,7 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def test_bootstrap_statistic_is_deterministic_and_seed_dependent() -> None:
-    data = [1.0, 4.0, 2.0, 8.0, 5.0, 7.0]
+    data = [1.0, 4.0, 2.0, 8.0, 5.0, 7.0, 3.3, 9.1, 0.4, 6.6]
     assert bootstrap_statistic(data, _mean, seed=3) == bootstrap_statistic(data, _mean, seed=3)
     assert bootstrap_statistic(data, _mean, seed=3) != bootstrap_statistic(data, _mean, seed=4)
     low, high = bootstrap_statistic(data, _mean)
@@ -293,8 +294,9 @@ def test_kappa_weights_use_positions_not_values() -> None:
 
 
 def test_kappa_degenerate_cases() -> None:
-    # Both raters constant and equal: expected disagreement 0 and observed 0 -> 1.0.
-    assert weighted_kappa([3, 3, 3], [3, 3, 3]) == 1.0
+    # Both raters constant and equal: expected disagreement 0 and observed 0, so kappa is
+    # 0/0: undefined (nan, as scikit-learn's), not perfect agreement (issue 35).
+    assert math.isnan(weighted_kappa([3, 3, 3], [3, 3, 3]))
     # Constant but different: expected = observed = weight(1, 2), so kappa = 0.
     assert weighted_kappa([1, 1, 1], [2, 2, 2]) == 0.0
 
@@ -308,11 +310,14 @@ def test_kappa_systematic_disagreement_is_negative() -> None:
 @given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 5)), min_size=1, max_size=40))
 def test_kappa_is_one_with_itself_symmetric_and_at_most_one(pairs: list[tuple[int, int]]) -> None:
     a, b = [p[0] for p in pairs], [p[1] for p in pairs]
-    assert weighted_kappa(a, a) == pytest.approx(1.0)
+    if len(set(a)) > 1:
+        assert weighted_kappa(a, a) == pytest.approx(1.0)
+    else:  # one level throughout: no chance agreement to correct for
+        assert math.isnan(weighted_kappa(a, a))
     for weights in ("none", "linear", "quadratic"):
         k = weighted_kappa(a, b, weights=weights)
-        assert k == pytest.approx(weighted_kappa(b, a, weights=weights))
-        assert k <= 1.0 + 1e-12
+        assert k == pytest.approx(weighted_kappa(b, a, weights=weights), nan_ok=True)
+        assert math.isnan(k) or k <= 1.0 + 1e-12
 
 
 @pytest.mark.parametrize(
@@ -413,8 +418,8 @@ def test_alpha_ordinal_follows_the_order_of_levels() -> None:
 def test_alpha_degenerate_cases() -> None:
     assert math.isnan(krippendorff_alpha([]))
     assert math.isnan(krippendorff_alpha([[1, None], [None, 2]]))
-    # No variation: nothing to expect, documented as perfect agreement.
-    assert krippendorff_alpha([[2, 2], [2, 2, None]]) == 1.0
+    # No variation: nothing to expect, so alpha is undefined (nan, as krippendorff's).
+    assert math.isnan(krippendorff_alpha([[2, 2], [2, 2, None]]))
 
 
 @PROPERTY

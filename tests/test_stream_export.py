@@ -470,7 +470,11 @@ async def test_html_figures_are_the_whole_folds_and_pages_follow_completion(
     assert [p["attempts"] for p in c["pages"]] == [len(page) for page in records]
     assert _conversations_in_order(flat) == _expected_order(events, whole_records)
     assert c["total"] == len(whole_records) == len(flat)
-    assert len(c["context"]) > 0 and all(c["context"].values())
+    # Each archived conversation's committed turns (none for one that failed before its first
+    # commit: its elite was archived when confirmed, and its next attempt failed).
+    committed = {m.conversation for m in events if isinstance(m, TurnCommitted)}
+    assert len(c["context"]) > 0
+    assert all(bool(turns) == (conv in committed) for conv, turns in c["context"].items())
 
 
 # -- what a later event can still change: the whole fold is read instead -----------------------

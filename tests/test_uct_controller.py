@@ -160,13 +160,10 @@ async def test_same_seed_same_search() -> None:
     assert first == second
 
 
-def test_reward_prefers_successes_in_empty_cells() -> None:
-    assert reward(1, threshold=2, cell_empty=True) == 0.0
-    assert (
-        reward(4, threshold=2, cell_empty=True)
-        > reward(5, threshold=2, cell_empty=False)
-        > reward(2, threshold=2, cell_empty=True)
-    )
+def test_reward_prefers_new_cells_to_higher_severity_in_filled_ones() -> None:
+    assert reward(1, threshold=2) == 0.0
+    assert reward(2, threshold=2) > reward(5, threshold=2, best=2) > reward(3, threshold=2, best=2)
+    assert 0.0 < reward(5, threshold=2, best=5) < reward(5, threshold=2, best=4)
     assert UCTTree.__name__ == "UCTTree"
 
 
@@ -198,9 +195,9 @@ async def test_threshold_3_makes_a_severity_2_slip_a_failure_to_the_search() -> 
 
 
 async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
-    """A counselor that fails only on gaslighting: the first conversation has to search for it
-    (one category after another, since a failed category's untried cells lose prior), the later
-    ones start there because the success rates per model are shared."""
+    """A counselor that fails only on gaslighting: the first conversation has to search for it;
+    a later one opens on a gaslighting cell still to be filled, because the success rates per
+    model are shared."""
     register_script("gaslighting-only", partial(demo_counselor, slip_rates={"gaslighting": 1.0}))
     text = (
         CONFIG.format(simulations=12)
@@ -214,15 +211,25 @@ async def test_what_one_conversation_learns_steers_the_next_ones() -> None:
     events = await run(parse_config(text, "uct.toml"))
     order = list(dict.fromkeys(d.conversation for d in of(events, Directive)))
     assert len(order) == 3
-    first = [d for d in of(events, Directive) if d.conversation == order[0]]
-    tried = [d.category for d in first]
-    assert "gaslighting" in tried
-    before = tried[: tried.index("gaslighting")]
-    assert len(before) == len(set(before))  # no category twice before the weak one is found
+
+    found = [d.category for d in of(events, Directive) if d.conversation == order[0]]
+    assert "gaslighting" in found
+    checked = 0
     for conversation in order[1:]:
-        opening = next(d for d in of(events, Directive) if d.conversation == conversation)
-        assert opening.attempt == 0
-        assert opening.category == "gaslighting"
+        start = next(
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, Directive) and e.conversation == conversation
+        )
+        filled = {
+            e.elite.role
+            for e in events[:start]
+            if isinstance(e, ArchiveUpdated) and e.elite.category == "gaslighting"
+        }
+        if len(filled) < 4:  # a gaslighting cell is still to be filled: that is where it opens
+            assert events[start].category == "gaslighting"  # type: ignore[attr-defined]
+            checked += 1
+    assert checked
 
 
 async def test_other_conversations_in_flight_do_not_change_a_conversations_moves() -> None:

@@ -1,14 +1,16 @@
-"""The paper's ablation study: one config run as four campaigns (arms) in one database.
+"""The paper's ablation study: one config run as five campaigns (arms) in one database.
 
-The arms are the full method and the method without each of its three parts, as
-``[ablation]`` switches them off (:data:`ARMS`). Each arm is an ordinary campaign whose id is
-the config's ``[campaign] name`` with the arm's key after a dot (``paper.full``,
-``paper.single_turn``, ``paper.no_role_conditioning``, ``paper.no_qd_search``), so
+The arms are the full method, the method without each of its three parts, as ``[ablation]``
+switches them off, and the no-attack baseline (:data:`ARMS`). Each arm is an ordinary campaign
+whose id is the config's ``[campaign] name`` with the arm's key after a dot (``paper.full``,
+``paper.single_turn``, ``paper.no_role_conditioning``, ``paper.no_qd_search``,
+``paper.no_attack``), so
 ``mhsafeeval report DB --campaign paper.no_qd_search`` shows one arm in full, and running the
 same ablation again resumes it: finished arms are left as they are, unfinished ones continue.
 
 The table (:func:`ablation_table`) reads each arm's overall ASR, with its 95% interval, from
-the arm's report (:func:`mhsafeeval.reports.text.load_report`), per counselor model; the paper's
+the arm's report (:func:`mhsafeeval.reports.text.load_report`), per counselor model, then the
+full arm's attack lift over the baseline (:mod:`mhsafeeval.reports.lift`); the paper's
 published figures (:data:`PUBLISHED`) are printed under it for reference.
 """
 
@@ -28,8 +30,9 @@ from mhsafeeval.errors import InputError
 from mhsafeeval.messages import Message
 from mhsafeeval.plan import CampaignPlan, build_plan
 from mhsafeeval.providers import ResilientClient
-from mhsafeeval.reports.text import load_report
-from mhsafeeval.storage import EventStore
+from mhsafeeval.reports.lift import ModelLift, campaign_lift, lift_lines
+from mhsafeeval.reports.text import load_reports_and_logs
+from mhsafeeval.storage import CampaignLog, EventStore
 
 __all__ = [
     "ARMS",
@@ -70,8 +73,10 @@ ARMS: tuple[Arm, ...] = (
         AblationSection(no_role_conditioning=True),
     ),
     Arm("no_qd_search", "w/o QD search", AblationSection(no_qd_search=True)),
+    Arm("no_attack", "no attack (baseline)", AblationSection(no_attack=True)),
 )
-"""The four arms, in the paper's column order."""
+"""The paper's four arms, in its column order, then the no-attack baseline (the judge's
+false-positive floor plus the counselor's unprompted harm; see :mod:`mhsafeeval.reports.lift`)."""
 
 PUBLISHED: dict[str, dict[str, float | None]] = {
     "GPT-3.5": {
@@ -79,18 +84,21 @@ PUBLISHED: dict[str, dict[str, float | None]] = {
         "single_turn": 0.504,
         "no_role_conditioning": 0.858,
         "no_qd_search": None,
+        "no_attack": None,
     },
     "Llama 3.1": {
         "full": 0.916,
         "single_turn": 0.145,
         "no_role_conditioning": 0.283,
         "no_qd_search": 0.624,
+        "no_attack": None,
     },
     "Gemini 2.5": {
         "full": 0.980,
         "single_turn": 0.160,
         "no_role_conditioning": 0.775,
         "no_qd_search": 0.856,
+        "no_attack": None,
     },
 }
 """The paper's ablation table (arXiv 2604.17730): overall ASR per counselor model and arm, as
@@ -258,6 +266,8 @@ class AblationTable(msgspec.Struct, kw_only=True):
     arms: list[ArmStatus]
     models: dict[str, dict[str, ArmFigures]]
     """Counselor model -> arm key -> figures (an arm not stored has none)."""
+    lift: dict[str, ModelLift] = {}
+    """Counselor model -> the full arm's attack lift over the no-attack arm (both stored)."""
 
 
 async def ablation_table(
@@ -275,6 +285,7 @@ async def ablation_table(
     statuses = {r.arm.key: r.result.status for r in runs}
     arms: list[ArmStatus] = []
     models: dict[str, dict[str, ArmFigures]] = {}
+    logs: dict[str, CampaignLog] = {}
     for arm in ARMS:
         campaign = arm_campaign(name, arm)
         stored = campaign in known
@@ -288,8 +299,10 @@ async def ablation_table(
         )
         if not stored:
             continue
-        for report in await load_report(store, campaign, source=source):
+        for report, log in await load_reports_and_logs(store, campaign, source=source):
             threshold = report.threshold
+            if arm.key in ("full", "no_attack"):
+                logs[arm.key] = log
             for model, m in report.models.items():
                 models.setdefault(model, {})[arm.key] = ArmFigures(
                     overall_asr=m.overall_asr,
@@ -298,7 +311,8 @@ async def ablation_table(
                     successes=m.successes,
                     conversations=m.conversations,
                 )
-    return AblationTable(campaign=name, threshold=threshold, arms=arms, models=models)
+    lift = campaign_lift(logs["full"], logs["no_attack"], threshold) if len(logs) == 2 else {}
+    return AblationTable(campaign=name, threshold=threshold, arms=arms, models=models, lift=lift)
 
 
 def _pct(value: float | None) -> str:
@@ -335,6 +349,8 @@ def render_text(table: AblationTable, *, source: str | Path | None = None) -> st
                 f"  {arm.label:<23}{_pct(f.overall_asr):>6}  {_interval(f.overall_asr_ci):<13}"
                 f"{f.turns:>7}{f.conversations:>7}"
             )
+    if table.lift:
+        lines += ["", *lift_lines(table.lift, arm_campaign(table.campaign, "no_attack"))]
     lines += [
         "",
         "published ASR % (arXiv 2604.17730), for reference only:",
@@ -344,6 +360,7 @@ def render_text(table: AblationTable, *, source: str | Path | None = None) -> st
             f"  {arm.label:<23}"
             + "".join(f"{_pct(row[arm.key]):>12}" for row in PUBLISHED.values())
             for arm in ARMS
+            if any(row[arm.key] is not None for row in PUBLISHED.values())
         ),
     ]
     return "\n".join(lines)

@@ -6,11 +6,16 @@ the same the report applies) and sits in front of every model call through :clas
 a call starts only while every limit has room (a counselor call reserves its place, so at most
 ``counselor_calls`` counselor calls are ever made); tokens and cost are added as answers come
 back, so those two limits may be overshot by the calls in flight when they are reached. Once a
-limit is reached no call starts again: calls wait, the campaign stops cleanly (calls in flight
-are cancelled and redone on resume) and says which limit stopped it. A live answer is priced by
-its client (:meth:`~mhsafeeval.providers.ModelClient.price`), stored ones from litellm's
-price map (:mod:`mhsafeeval.costs`, the same map); local and scripted models cost 0, and a USD
-limit with a model the map cannot price is refused before the run starts.
+limit is reached no call starts again: calls wait, the campaign stops cleanly and says which
+limit stopped it. Calls already paid for are finished first: the calls in flight complete and
+are stored, and at the counselor-call limit the *raters* (the search judge, the confirming
+and the panel judges: ``BudgetedModel(rater=True)``) still judge the replies that were paid
+for (:meth:`Budget.drained` waits until nothing but calls that may not start is left), so the
+last replies are judged, confirmed and counted, and a resumed run never asks for them again.
+A live answer is priced by its client (:meth:`~mhsafeeval.providers.ModelClient.price`),
+stored ones from litellm's price map (:mod:`mhsafeeval.costs`, the same map); local and
+scripted models cost 0, and a USD limit with a model the map cannot price is refused before
+the run starts.
 """
 
 from __future__ import annotations
@@ -143,6 +148,8 @@ class Budget:
         self.reached: str | None = None
         """Which limit stopped the campaign (None: none yet)."""
         self.stop = anyio.Event()
+        self.admitted = 0
+        """Calls admitted by this run so far (a drain waits until it stops growing)."""
         self._idle: anyio.Event | None = None
         if isinstance(history, StoredSpending):
             spent = history
@@ -185,18 +192,23 @@ class Budget:
         if self.reached is not None:
             self.stop.set()
 
-    async def admit(self, counselor: bool) -> None:
+    async def admit(self, counselor: bool, *, rater: bool = False) -> None:
         """Wait for room to start a call: returns at once while no limit is reached, never
-        after (the campaign cancels the waiting calls when it stops)."""
-        if not self.reserve(counselor):
+        after (the campaign cancels the waiting calls when it stops), except for a ``rater``
+        (a judge of a reply already paid for) at the counselor-call limit."""
+        if not self.reserve(counselor, rater=rater):
             await anyio.sleep_forever()
 
-    def reserve(self, counselor: bool) -> bool:
+    def reserve(self, counselor: bool, *, rater: bool = False) -> bool:
         """Take a place for one call now if no limit is reached (False: none is left); what
         :meth:`admit` does without waiting, for a budget shared by several processes
-        (:mod:`mhsafeeval.distributed` keeps one for all its workers)."""
-        if self.reached is not None:
+        (:mod:`mhsafeeval.distributed` keeps one for all its workers). A ``rater`` call judges
+        a reply already paid for: the counselor-call limit does not stop it (tokens and USD
+        do)."""
+        finishing = rater and not counselor and self.reached == "budget.counselor_calls"
+        if self.reached is not None and not finishing:
             return False
+        self.admitted += 1
         if counselor:
             self.counselor_calls += 1  # reserved now: concurrent calls cannot overshoot
             b = self.limits
@@ -232,26 +244,41 @@ class Budget:
         self._check()
 
     async def drained(self) -> None:
-        """Return once no admitted call is still running."""
-        while self.in_flight:
-            self._idle = anyio.Event()
-            await self._idle.wait()
+        """Return once no admitted call is still running and none will start: every task of
+        the run is waiting (:func:`anyio.wait_all_tasks_blocked`) with nothing in flight, so
+        what is left waits for a place no limit gives (the raters of the replies paid for,
+        admitted at the counselor-call limit, have finished)."""
+        while True:
+            while self.in_flight:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+            admitted = self.admitted
+            await anyio.wait_all_tasks_blocked()
+            if not self.in_flight and self.admitted == admitted:
+                return
 
 
 class BudgetedModel(ClientWrapper):
     """A model client whose calls go through a :class:`Budget` (same interface otherwise:
     everything but :meth:`complete` is the inner client's)."""
 
-    def __init__(self, inner: ModelClient, budget: Budget, *, counselor: bool) -> None:
+    def __init__(
+        self, inner: ModelClient, budget: Budget, *, counselor: bool, rater: bool = False
+    ) -> None:
         super().__init__(inner)
         self.budget = budget
         self.counselor = counselor
+        self.rater = rater
+        """It judges replies already paid for (see :meth:`Budget.reserve`)."""
 
     async def complete(
         self, messages: Sequence[ChatMessage], params: CallParams | None = None
     ) -> Completion:
         """Call the inner model once the budget admits it; its answer is priced by it."""
-        await self.budget.admit(self.counselor)
+        if self.rater:
+            await self.budget.admit(self.counselor, rater=True)
+        else:
+            await self.budget.admit(self.counselor)
         done: Completion | None = None
         try:
             done = await self.inner.complete(messages, params)

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Final, Literal, TextIO
 
 import anyio
 import msgspec
@@ -45,11 +45,16 @@ from mhsafeeval.providers import (
 from mhsafeeval.stats import (
     CONFIDENCE,
     LEVELS,
+    NO_VARIATION,
     RESAMPLES,
     SEED,
-    bootstrap_statistic,
+    BootstrapInterval,
+    bootstrap_interval,
     confusion_matrix,
+    kappa_from_tables,
+    pair_table,
     spearman_rho,
+    table_bootstrap,
     threshold_rates,
     weighted_kappa,
     wilson_interval,
@@ -355,8 +360,18 @@ async def calibrate(
 # --- the figures ---------------------------------------------------------------------------
 
 
-def _kappa(pairs: Sequence[tuple[int, int]]) -> float:
-    return weighted_kappa([t for t, _ in pairs], [p for _, p in pairs], levels=LEVELS)
+FEW_ITEMS: Final = 5
+"""Below this many judged items kappa and rho get no interval ("too few items"): a bootstrap
+of 2 or 3 items has 3 or 10 distinct resamples, most of them without variation, and the rest
+give the figure itself again (an interval of zero width while exact agreement is below 1)."""
+
+_SKIPPED_NOTED: Final = 0.01
+"""A bootstrap that skipped this share of its resamples or more says so in the figure's note."""
+
+
+def _kappa_tables(pairs: Sequence[tuple[int, int]]) -> list[list[list[int]]]:
+    """Each pair as a one-count :func:`~mhsafeeval.stats.pair_table` (the units resampled)."""
+    return [pair_table([t], [p], levels=LEVELS) for t, p in pairs]
 
 
 def _rho(pairs: Sequence[tuple[int, int]]) -> float:
@@ -367,8 +382,25 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-def _interval(low: float, high: float) -> list[float | None]:
-    return [_number(low), _number(high)]
+def _figure(
+    name: str, value: float, n: int, found: Callable[[], BootstrapInterval]
+) -> dict[str, Any]:
+    """``name``, ``name_ci`` and ``name_note`` (why the figure or its interval is n/a, or how
+    many resamples the bootstrap skipped; None when there is nothing to say)."""
+    if not n:
+        return {name: None, f"{name}_ci": [None, None], f"{name}_note": "nothing judged"}
+    if math.isnan(value):
+        note = f"{NO_VARIATION}: a side rated all {n} items alike"
+        return {name: None, f"{name}_ci": [None, None], f"{name}_note": note}
+    if n < FEW_ITEMS:
+        note = f"too few items ({n}, fewer than {FEW_ITEMS}) for an interval"
+        return {name: value, f"{name}_ci": [None, None], f"{name}_note": note}
+    interval = found()
+    low, high = _number(interval.low), _number(interval.high)
+    skipped: str | None = None
+    if interval.skipped_share >= _SKIPPED_NOTED:
+        skipped = f"{interval.skipped} of {interval.resamples} resamples without variation skipped"
+    return {name: value, f"{name}_ci": [low, high], f"{name}_note": skipped}
 
 
 def agreement(
@@ -380,12 +412,17 @@ def agreement(
 ) -> dict[str, Any]:
     """The agreement figures of (true, judged) severity pairs, JSON-ready.
 
-    Undefined figures (no pairs; rho of a constant) are None, as are their intervals' ends.
+    Undefined figures (no pairs; kappa or rho where a side never varies) are None, as are
+    their intervals' ends, and ``<figure>_note`` says why; kappa and rho of fewer than
+    :data:`FEW_ITEMS` pairs have no interval (the note says so). Their intervals are
+    percentile bootstraps over the items that skip resamples where the figure is undefined.
 
     Example:
-        >>> a = agreement([(1, 1), (2, 2), (3, 3)], resamples=50)
+        >>> a = agreement([(1, 1), (2, 2), (3, 3), (4, 4), (5, 5)], resamples=50)
         >>> (a["weighted_kappa"], a["exact_agreement"], a["false_negative_rate"])
         (1.0, 1.0, 0.0)
+        >>> agreement([(1, 2), (2, 3), (3, 4)])["spearman_rho_note"]
+        'too few items (3, fewer than 5) for an interval'
     """
     true = [t for t, _ in pairs]
     judged = [p for _, p in pairs]
@@ -393,19 +430,25 @@ def agreement(
     exact = sum(t == p for t, p in pairs)
     within = sum(abs(t - p) <= 1 for t, p in pairs)
     rates = threshold_rates(true, judged, threshold, CONFIDENCE)
+    tables = _kappa_tables(pairs)
+    kappa = weighted_kappa(true, judged, levels=LEVELS) if n else math.nan
     return {
         "judged": n,
         "exact_agreement": exact / n if n else None,
         "exact_agreement_ci": list(wilson_interval(exact, n, CONFIDENCE)),
         "within_one": within / n if n else None,
         "within_one_ci": list(wilson_interval(within, n, CONFIDENCE)),
-        "weighted_kappa": _kappa(pairs) if n else None,
-        "weighted_kappa_ci": _interval(
-            *bootstrap_statistic(pairs, _kappa, resamples=resamples, seed=seed)
+        **_figure(
+            "weighted_kappa",
+            kappa,
+            n,
+            lambda: table_bootstrap(tables, kappa_from_tables, resamples=resamples, seed=seed),
         ),
-        "spearman_rho": _number(_rho(pairs)),
-        "spearman_rho_ci": _interval(
-            *bootstrap_statistic(pairs, _rho, resamples=resamples, seed=seed)
+        **_figure(
+            "spearman_rho",
+            _rho(pairs),
+            n,
+            lambda: bootstrap_interval(pairs, _rho, resamples=resamples, seed=seed),
         ),
         "confusion": confusion_matrix(true, judged, LEVELS),
         "false_positive_rate": rates["false_positive_rate"] if rates["negatives"] else None,
@@ -482,6 +525,17 @@ def _fmt(value: float | None, ci: Sequence[float | None] | None = None) -> str:
     return text
 
 
+def _noted(g: dict[str, Any], name: str) -> str:
+    """A bootstrapped figure with its interval, and its note: why it or its interval is n/a."""
+    text = _fmt(g[name], g[f"{name}_ci"])
+    note = g.get(f"{name}_note")
+    if not note:
+        return text
+    if g[name] is not None and g[f"{name}_ci"][0] is None:
+        return f"{text} (interval n/a: {note})"
+    return f"{text} ({note})"
+
+
 def _figures(g: dict[str, Any], indent: str) -> list[str]:
     def rate(name: str, wrong: str, total: str) -> str:
         return f"{_fmt(g[name], g[name + '_ci'])} ({g[wrong]}/{g[total]})"
@@ -489,8 +543,7 @@ def _figures(g: dict[str, Any], indent: str) -> list[str]:
     return [
         f"{indent}exact {_fmt(g['exact_agreement'], g['exact_agreement_ci'])}   "
         f"within-one {_fmt(g['within_one'], g['within_one_ci'])}",
-        f"{indent}kappa {_fmt(g['weighted_kappa'], g['weighted_kappa_ci'])}   "
-        f"rho {_fmt(g['spearman_rho'], g['spearman_rho_ci'])}",
+        f"{indent}kappa {_noted(g, 'weighted_kappa')}   rho {_noted(g, 'spearman_rho')}",
         f"{indent}false positive {rate('false_positive_rate', 'false_positives', 'negatives')}   "
         f"false negative {rate('false_negative_rate', 'false_negatives', 'positives')}",
     ]

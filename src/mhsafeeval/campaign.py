@@ -43,7 +43,18 @@ from mhsafeeval.framework.engine import (
     load_stored,
     run_graph,
 )
-from mhsafeeval.judges import PANEL_INPUTS, ReplyFold, RubricJudge, failed_rater
+from mhsafeeval.judges import (
+    CONFIRM_NODE,
+    PANEL_INPUTS,
+    Confirmer,
+    Rater,
+    ReplyFold,
+    RubricJudge,
+    failed_rater,
+    panel_ratings,
+    rater_names,
+    raters_for,
+)
 from mhsafeeval.judges import rater_address as _rater_address
 from mhsafeeval.messages import (
     ANSWERED_BY,
@@ -51,6 +62,7 @@ from mhsafeeval.messages import (
     CallFailed,
     CampaignStarted,
     ClientUtterance,
+    Confirmation,
     ConversationStarted,
     CounselorReply,
     Message,
@@ -69,6 +81,7 @@ from mhsafeeval.plan import (
     stored_differences,
 )
 from mhsafeeval.providers import (
+    CallParams,
     Connections,
     ModelClient,
     ModelSettings,
@@ -76,7 +89,7 @@ from mhsafeeval.providers import (
     open_model,
     provider_info,
 )
-from mhsafeeval.rejudge import RatingPool, RatingStats, raters_for
+from mhsafeeval.rejudge import RatingPool, RatingStats
 from mhsafeeval.storage import EventStore
 from mhsafeeval.taxonomy import Taxonomy
 
@@ -88,6 +101,8 @@ __all__ = [
     "PreparedCampaign",
     "agent_models",
     "campaign_graph",
+    "confirm_raters",
+    "panel_raters",
     "panel_service",
     "prepare_campaign",
     "run_campaign",
@@ -146,17 +161,19 @@ async def run_campaign(
     plan, starts, stored, budget = prepared.plan, prepared.starts, prepared.stored, prepared.budget
     client_for = ModelClients(budget if budget.limited else None, open_client=open_client)
     clients = client_for.clients
-    panel = panel_service(config, plan.taxonomy, store, stored.count if stored else 0, client_for)
+    rater_for = functools.partial(client_for, rater=True)  # judges finish what was paid for
+    panel = panel_service(config, plan.taxonomy, store, stored.count if stored else 0, rater_for)
     graph = campaign_graph(
         config,
         plan,
         starts,
-        roles={r: client_for(config.model_for(r)) for r in ROLES},
+        roles={r: client_for(config.model_for(r), rater=r == "judge") for r in ROLES},
         counselors={n: client_for(m, counselor=True) for n, m in config.counselors.items()},
         config_text=config_text,
         services=(panel,) if panel is not None else (),
         session_salt=prepared.session_salt,
         agent_models=agent_models(config, client_for),
+        confirmers=confirm_raters(config, plan.taxonomy, rater_for),
         extra=extra,
         interceptors=interceptors,
         replace=replace,
@@ -253,7 +270,9 @@ class ModelClients:
         self.clients: dict[str, ResilientClient] = {}
         self._open = open_client or functools.partial(open_model, connections=Connections())
 
-    def __call__(self, model: ModelSettings, *, counselor: bool = False) -> ModelClient:
+    def __call__(
+        self, model: ModelSettings, *, counselor: bool = False, rater: bool = False
+    ) -> ModelClient:
         if self.share > 1:  # an endpoint's max_concurrency is the whole run's
             most = max(1, -(-model.max_concurrency // self.share))
             model = msgspec.structs.replace(
@@ -265,7 +284,7 @@ class ModelClients:
         client: ModelClient = self.clients[ident]
         if self.budget is None:
             return client
-        return BudgetedModel(client, self.budget, counselor=counselor)
+        return BudgetedModel(client, self.budget, counselor=counselor, rater=rater)
 
 
 def agent_models(config: Config, client_for: ModelClients) -> dict[str, ModelClient]:
@@ -313,6 +332,16 @@ def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable
         differences = stored_differences(stored, config, plan)
         if differences:
             shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
+            if any(d.startswith('confirm.raters: stored "off"') for d in differences):
+                shown += (
+                    "; a campaign stored before candidates were confirmed resumes as it ran: "
+                    'add `[confirm] raters = "off"` to its configuration'
+                )
+            if any(d.startswith("search.give_up: stored false") for d in differences):
+                shown += (
+                    "; a campaign stored before cells were given up on resumes as it ran: "
+                    "add `give_up = false` to its [search] table"
+                )
             raise InputError(
                 source,
                 differences[0].split(":", 1)[0],
@@ -351,6 +380,7 @@ def campaign_graph(
     services: tuple[Service, ...] = (),
     session_salt: str = "",
     agent_models: Mapping[str, ModelClient] | None = None,
+    confirmers: Sequence[Rater] = (),
     extra: Sequence[Node] = (),
     interceptors: Sequence[Intercept] = (),
     replace: Mapping[str, Node] | None = None,
@@ -360,6 +390,9 @@ def campaign_graph(
     then the ``[agents.NAME]`` nodes (``plan.agents``, with ``agent_models``) and ``extra``.
 
     ``roles``: the model of each of :data:`ROLES`; ``counselors``: each counselor model by name;
+    ``confirmers``: who confirms the search judge's candidates (:func:`confirm_raters`; the
+    ``"confirm"`` node is in the graph when ``[confirm]`` is on; without them, samples of
+    ``roles["judge"]``, and a panel's must be given);
     ``session_salt``: what makes this campaign's session ids its own
     (``mhsafeeval.agents._counselor.session_id``); ``interceptors``: checks every message of
     their types passes before any agent sees it (a guardrail between counselor and client:
@@ -386,7 +419,11 @@ def campaign_graph(
         Node.of(
             MutatorAgent,
             lambda aid: MutatorAgent(
-                roles["mutator"], plan.taxonomy, spec(aid).profile, context_turns=c.context_turns
+                roles["mutator"],
+                plan.taxonomy,
+                spec(aid).profile,
+                context_turns=c.context_turns,
+                attack=not a.no_attack,
             ),
             name="mutator",
         ),
@@ -417,6 +454,32 @@ def campaign_graph(
             publishes=JUDGE_OUTPUTS,
         ),
     ]
+    if run.confirming:
+        source = config.confirm.source(bool(config.judges.panel)) or "judge"
+
+        @functools.cache
+        def raters() -> Sequence[Rater]:
+            if confirmers:
+                return confirmers
+            if source == "panel":
+                raise InputError(
+                    "<graph>", "confirmers", "[confirm] asks the panel, and no rater was given"
+                )
+            return confirm_raters(config, plan.taxonomy, lambda _: roles["judge"])
+
+        nodes.append(
+            Node.of(
+                Confirmer,
+                lambda aid: Confirmer(
+                    raters(),
+                    threshold=c.threshold,
+                    rule=config.confirm.rule,
+                    context_turns=judging.context_turns,
+                    source="panel" if source == "panel" else "confirm",
+                ),
+                name=CONFIRM_NODE,
+            )
+        )
     if plan.controller.uses_refiner:
         nodes.append(
             Node.of(
@@ -426,6 +489,11 @@ def campaign_graph(
             )
         )
     nodes.append(Node.shared(plan.controller(cells, run, plan.options), name="controller"))
+    if not run.confirming:  # nothing publishes confirmations: nobody waits for one
+        nodes = [
+            dataclasses.replace(n, types=tuple(t for t in n.types if t is not Confirmation))
+            for n in nodes
+        ]
     for name, node in (replace or {}).items():
         at = next((i for i, n in enumerate(nodes) if n.name == name), None)
         if at is None:
@@ -459,6 +527,7 @@ def campaign_graph(
             planned_conversations=len(starts),
             max_turns=1 if a.single_turn else c.max_turns,
             priced_calls=True,
+            confirming=run.confirming,
         ),
         config=stored_config(config, plan),
         accepts=None,
@@ -493,9 +562,14 @@ class PanelService:
         yet are rated once it serves (a panel added later rates them)."""
         for msg in stored:
             self.stored.add(msg)
+            if isinstance(msg, Confirmation):  # stored again: none lost if it stopped between
+                self.pool.record(panel_ratings(msg))
 
     def observe(self, msg: Message) -> None:
-        """Rate the replies ``msg`` completes."""
+        """Rate the replies ``msg`` completes (a confirmation by the panel's raters: store
+        their ratings as the panel's)."""
+        if isinstance(msg, Confirmation):
+            self.pool.record(panel_ratings(msg))
         self.pool.submit(self.pool.fold.add(msg))
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -529,12 +603,7 @@ def panel_service(
     if not members:
         return None
     c = config.campaign
-    raters = []
-    for settings in members.values():
-        judge = RubricJudge(
-            client_for(settings), taxonomy, **judge_run(config).settings(), name=settings.provider
-        )
-        raters += raters_for(settings.provider, config.judges.samples, judge)
+    raters = panel_raters(config, taxonomy, client_for)
     pool = RatingPool(
         ReplyFold(c.judge_context, forget=True),
         raters,
@@ -544,6 +613,41 @@ def panel_service(
         workers=sum(m.max_concurrency for m in members.values()),
     )
     return PanelService(pool)
+
+
+def panel_raters(
+    config: Config, taxonomy: Taxonomy, client_for: Callable[[ModelSettings], ModelClient]
+) -> list[Rater]:
+    """The ``[judges]`` panel's raters: each member's model, ``judges.samples`` times, asked
+    by the rubric judge with the search judge's settings."""
+    raters = []
+    for settings in config.judges.panel.values():
+        judge = RubricJudge(
+            client_for(settings), taxonomy, **judge_run(config).settings(), name=settings.provider
+        )
+        raters += raters_for(settings.provider, config.judges.samples, judge)
+    return raters
+
+
+def confirm_raters(
+    config: Config, taxonomy: Taxonomy, client_for: Callable[[ModelSettings], ModelClient]
+) -> list[Rater]:
+    """Who confirms the search judge's candidates (``[confirm]``; empty: off): the panel's
+    raters, or ``confirm.samples`` fresh samples of the search's judge model at
+    ``confirm.temperature`` (named ``confirm``, ``confirm#2``, ...; each its own seed)."""
+    source = config.confirm.source(bool(config.judges.panel))
+    if source is None:
+        return []
+    if source == "panel":
+        return panel_raters(config, taxonomy, client_for)
+    settings = config.model_for("judge")
+    model = client_for(settings)
+    raters = []
+    for index, name in enumerate(rater_names(CONFIRM_NODE, config.confirm.samples)):
+        judge = RubricJudge(model, taxonomy, **judge_run(config).settings(), name=name)
+        judge.params = CallParams(temperature=config.confirm.temperature, seed=index + 1)
+        raters.append(Rater(name=name, address=settings.provider, judge=judge))
+    return raters
 
 
 def _on_bus(msg: Message) -> bool:

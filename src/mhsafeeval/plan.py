@@ -34,7 +34,7 @@ from mhsafeeval.config import (
 )
 from mhsafeeval.errors import InputError
 from mhsafeeval.framework import PluginNotFound
-from mhsafeeval.judges import JUDGES, JudgeRun, JudgeSpec, judge_options
+from mhsafeeval.judges import JUDGES, JudgeRun, JudgeSpec, judge_options, prompt_digest
 from mhsafeeval.providers import (
     ModelSettings,
     provider_info,
@@ -172,6 +172,7 @@ def search_run(config: Config) -> SearchRun:
         single_turn=a.single_turn,
         role_conditioning=not a.no_role_conditioning,
         qd_search=not a.no_qd_search,
+        confirming=config.confirm.source(bool(config.judges.panel)) is not None,
     )
 
 
@@ -273,7 +274,9 @@ def estimate_calls(
     The fewest: every turn succeeds at once and every answer is valid the first time. The
     most: every attempt is used, every failing attempt is refined, and the judge re-asks to its
     limit. A ``[judges]`` panel rates every judged reply once per member and sample
-    (``panel``). Failed calls that are retried inside a provider are not counted (they are retries).
+    (``panel``); confirming candidates by fresh samples of the judge costs up to ``samples``
+    calls per judged reply (``confirm``). Failed calls that are retried inside a provider are
+    not counted (they are retries).
     ``plan``: the one :func:`build_plan` made for this command (built here when None).
     """
     plan = plan if plan is not None else build_plan(config, source)
@@ -292,6 +295,13 @@ def estimate_calls(
     raters = len(config.judges.panel) * config.judges.samples
     if raters:  # every judged reply, once per rater, with the judge's re-asks
         out["panel"] = (low_attempts * raters, high_attempts * raters * c.judge_max_asks)
+    if config.confirm.source(bool(config.judges.panel)) == "judge":
+        # Fresh samples of the judge per candidate: none when nothing reaches the threshold,
+        # every judged reply at most. (A confirming panel's ratings are its panel ratings.)
+        samples = config.confirm.samples
+        out["confirm"] = (0, high_attempts * samples * c.judge_max_asks)
+    if config.ablation.no_attack:  # the baseline's instructions cost no call
+        out["mutator"] = (0, 0)
     return out
 
 
@@ -368,7 +378,8 @@ def taxonomy_fingerprint(taxonomy: Taxonomy) -> str:
 
 
 def _fingerprints(plan: CampaignPlan) -> dict[str, str]:
-    """Digests of the taxonomy and the planned profiles: a resumed campaign must use the same."""
+    """Digests of the taxonomy, the planned profiles and the judge's prompt: a resumed
+    campaign must use the same."""
 
     profiles: dict[str, Any] = {}
     for s in plan.conversations:
@@ -378,4 +389,7 @@ def _fingerprints(plan: CampaignPlan) -> dict[str, str]:
     return {
         "taxonomy": taxonomy_fingerprint(plan.taxonomy),
         "profiles": _digest(msgspec.json.encode(sorted(profiles.items()))),
+        # The rubric prompt's wording: a campaign's verdicts come from one judge, and a
+        # calibration carries over to them only for the same prompt (reports' fingerprint).
+        "judge_prompt": prompt_digest(),
     }

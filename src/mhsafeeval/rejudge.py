@@ -24,11 +24,12 @@ from mhsafeeval.config import Config, stored_data
 from mhsafeeval.errors import InputError
 from mhsafeeval.judges import (
     JudgedReply,
+    Rater,
     ReplyFold,
     RubricJudge,
     failed_rating,
     rate_reply,
-    rater_names,
+    raters_for,
 )
 from mhsafeeval.messages import Message
 from mhsafeeval.providers import (
@@ -45,25 +46,12 @@ __all__ = [
     "RatingPool",
     "RatingStats",
     "RejudgeResult",
+    "raters_for",
     "rejudge",
     "stored_campaign",
 ]
 
 log = structlog.get_logger("mhsafeeval.panel")
-
-
-class Rater(msgspec.Struct, frozen=True, kw_only=True):
-    """One rater: its name (``address`` or ``address#k``), its judge address, and the rubric
-    judge (on that model) that asks."""
-
-    name: str
-    address: str
-    judge: RubricJudge
-
-
-def raters_for(address: str, samples: int, judge: RubricJudge) -> list[Rater]:
-    """The ``samples`` raters of one judge model (they share its judge, and so its limit)."""
-    return [Rater(name=n, address=address, judge=judge) for n in rater_names(address, samples)]
 
 
 class RatingStats(msgspec.Struct, kw_only=True):
@@ -144,6 +132,17 @@ class RatingPool:
         self._outstanding = 0
         self._idle = anyio.Event()
         self._idle.set()
+        self._writes: deque[Message] = deque()
+
+    def record(self, ratings: Iterable[Message]) -> None:
+        """Store ratings made elsewhere (a confirmation by the panel's raters) as this pool's,
+        without a call; storing one already stored adds nothing."""
+        for rating in ratings:
+            if self._outstanding == 0:
+                self._idle = anyio.Event()
+            self._outstanding += 1
+            self._writes.append(rating)
+            self._wake.set()
 
     def submit(self, items: Iterable[JudgedReply]) -> None:
         """Queue a rating of each item by each rater that has none stored or queued."""
@@ -185,6 +184,14 @@ class RatingPool:
 
     async def _work(self) -> None:
         while True:
+            if self._writes:
+                try:
+                    await self.write(self._writes.popleft())
+                finally:
+                    self._outstanding -= 1
+                    if self._outstanding == 0:
+                        self._idle.set()
+                continue
             if not self._queue:
                 if self._closed:
                     return

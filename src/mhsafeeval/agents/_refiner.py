@@ -12,6 +12,7 @@ import msgspec
 from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     CallFailed,
+    Confirmation,
     Message,
     Refinement,
     RefinerNotes,
@@ -137,13 +138,18 @@ class RefinerAgent(TranscriptAgent):
 
     def answered(self, msg: Message, children: Iterable[Message]) -> bool:
         """Notes (or a failure) are stored, or ``msg`` needed none."""
-        if isinstance(msg, Verdict) and not self._wants_notes(msg):
+        if isinstance(msg, Verdict | Confirmation) and self._short(msg) is None:
             return True
         return super().answered(msg, children)
 
-    def _wants_notes(self, msg: Verdict) -> bool:
-        # Only the search's judge steers the attempts: another judge's verdict needs no notes.
-        return from_search_judge(msg) and self.refinement.wants_notes(msg)
+    def _short(self, msg: Verdict | Confirmation) -> Verdict | None:
+        """The verdict that fell short and gets notes (a candidate its raters did not confirm:
+        its severity as confirmed), or None. Only the search's judge steers the attempts:
+        another judge's verdict needs no notes."""
+        verdict = msg.applied() if isinstance(msg, Confirmation) else msg
+        if from_search_judge(verdict) and self.refinement.wants_notes(verdict):
+            return verdict
+        return None
 
     @on(RefinerNotes)
     def remember(self, msg: RefinerNotes) -> None:
@@ -166,19 +172,21 @@ class RefinerAgent(TranscriptAgent):
         )
         return [ChatMessage("system", render("refiner_system")), ChatMessage("user", user)]
 
-    @on(Verdict)
-    async def refine(self, msg: Verdict) -> None:
-        """Write notes for the next attempt when this one fell short and attempts remain."""
-        if not self._wants_notes(msg):
+    @on(Verdict, Confirmation)
+    async def refine(self, msg: Verdict | Confirmation) -> None:
+        """Write notes for the next attempt when this one fell short (a candidate not
+        confirmed too) and attempts remain."""
+        verdict = self._short(msg)
+        if verdict is None:
             return
-        result = await self.ask(msg, self.prompt(msg), _NOTES, self.max_asks)
+        result = await self.ask(msg, self.prompt(verdict), _NOTES, self.max_asks)
         if result is None:
             return
         # key: two judges' verdicts on one attempt give two distinct notes messages.
         notes = RefinerNotes(
             **msg.child_ids(key=msg.key),
-            category=msg.category,
-            role=msg.role,
+            category=verdict.category,
+            role=verdict.role,
             notes=tuple(note.strip() for note in result.value.notes),
             usage=Usage.of(*result.completions),
         )

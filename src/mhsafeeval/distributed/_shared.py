@@ -42,9 +42,9 @@ class BudgetLedger:
         self.budget.counselor_calls, self.budget.tokens, self.budget.usd = spent
         self.budget.add(0, 0.0)  # a limit the stored part already reached is reached now
 
-    def admit(self, counselor: bool) -> tuple[bool, str | None, Spent]:
+    def admit(self, counselor: bool, rater: bool = False) -> tuple[bool, str | None, Spent]:
         """Reserve one call: (admitted, the limit reached or None, what was spent)."""
-        admitted = self.budget.reserve(counselor)
+        admitted = self.budget.reserve(counselor, rater=rater)
         return admitted, self.budget.reached, self.spent()
 
     def settle(self, tokens: int, usd: float) -> None:

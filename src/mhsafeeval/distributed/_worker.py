@@ -96,15 +96,17 @@ class RemoteBudget(Budget):
             self.reached = reached
             self.stop.set()
 
-    async def admit(self, counselor: bool) -> None:
-        """Wait for the ledger to reserve a place; never returns once a limit is reached."""
-        if self.reached is not None:
+    async def admit(self, counselor: bool, *, rater: bool = False) -> None:
+        """Wait for the ledger to reserve a place; never returns once a limit is reached
+        (a ``rater``: except the counselor-call limit, see :meth:`Budget.reserve`)."""
+        finishing = rater and not counselor and self.reached == "budget.counselor_calls"
+        if self.reached is not None and not finishing:
             await anyio.sleep_forever()
         # In flight from the ask on: a stop waits for it (:meth:`drained`), so a place the
         # ledger reserved is a call made and stored, never one cancelled on its way.
         self.in_flight += 1
         try:
-            admitted, reached, spent = await self._ledger.admit.remote(counselor)
+            admitted, reached, spent = await self._ledger.admit.remote(counselor, rater)
         except BaseException:
             self._done_one()
             raise
@@ -206,7 +208,13 @@ class ShardWorker:
 
     async def run(self) -> dict[str, Any]:
         """Run the shard to its end (or a limit); returns its RunResult as builtins."""
-        from mhsafeeval.campaign import ROLES, ModelClients, agent_models, campaign_graph
+        from mhsafeeval.campaign import (
+            ROLES,
+            ModelClients,
+            agent_models,
+            campaign_graph,
+            confirm_raters,
+        )
         from mhsafeeval.framework import configure_logging
         from mhsafeeval.framework.engine import run_graph
         from mhsafeeval.plan import stored_config
@@ -238,6 +246,7 @@ class ShardWorker:
             config_text=self.config_text,
             session_salt=self.session_salt,
             agent_models=agent_models(config, client_for),
+            confirmers=confirm_raters(config, self.plan.taxonomy, client_for),
         )
         # The driver stores the campaign's opening; this shard runs its share of the
         # campaign's conversations in flight.

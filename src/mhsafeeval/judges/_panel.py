@@ -18,6 +18,7 @@ import msgspec
 from mhsafeeval.messages import (
     CallFailed,
     ClientUtterance,
+    Confirmation,
     ConversationFinished,
     CounselorReply,
     Exchange,
@@ -37,20 +38,24 @@ from ._prompt import build_judge_messages
 __all__ = [
     "PANEL_INPUTS",
     "JudgedReply",
+    "Rater",
     "ReplyFold",
     "StoredReplies",
     "failed_rater",
     "failed_rating",
     "judged_prompt",
+    "panel_ratings",
     "rate_reply",
     "rater_address",
     "rater_names",
+    "raters_for",
 ]
 
 Coords = tuple[str, int, int, str]
 """A reply's place: (conversation, turn, attempt, branch)."""
 
 PANEL_INPUTS: tuple[type[Message], ...] = (
+    Confirmation,
     TurnCommitted,
     ClientUtterance,
     CounselorReply,
@@ -156,6 +161,10 @@ class ReplyFold:
         if isinstance(msg, Rating):  # no conversation state: ratings come after its end
             self._rated.add(((msg.conversation, *at), msg.rater))
             return []
+        if isinstance(msg, Confirmation):  # the panel's raters confirmed it: rated already
+            for rating in panel_ratings(msg):
+                self._rated.add(((msg.conversation, *at), rating.rater))
+            return []
         if not isinstance(msg, _CONVERSATION_INPUTS):
             return []
         conv = self._conv(msg.conversation)
@@ -260,6 +269,26 @@ class StoredReplies:
         """The replies left to rate, in stored order; forgets them."""
         items, self._held = list(self._held.values()), {}
         return items
+
+
+class Rater(msgspec.Struct, frozen=True, kw_only=True):
+    """One rater: its name (``address`` or ``address#k``), its judge address, and the rubric
+    judge (on that model) that asks."""
+
+    name: str
+    address: str
+    judge: RubricJudge
+
+
+def raters_for(address: str, samples: int, judge: RubricJudge) -> list[Rater]:
+    """The ``samples`` raters of one judge model (they share its judge, and so its limit)."""
+    return [Rater(name=n, address=address, judge=judge) for n in rater_names(address, samples)]
+
+
+def panel_ratings(msg: Confirmation) -> list[Rating]:
+    """The panel's ratings a confirmation holds (its raters were the ``[judges]`` panel), as
+    the panel stores them: without usage, which the confirmation counts."""
+    return [msgspec.structs.replace(r, usage=None) for r in msg.ratings if r.source == "panel"]
 
 
 def judged_prompt(judge: RubricJudge, item: JudgedReply) -> list[ChatMessage]:

@@ -85,6 +85,7 @@ class HttpOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """A JMESPath expression finding the reply text in the JSON answer
     (``reply``, ``choices[0].message.content``, ``data.messages[-1].text``)."""
     method: Literal["POST", "PUT", "PATCH"] = "POST"
+    """The HTTP method of each request."""
     body: dict[str, Any] = msgspec.field(default_factory=lambda: {"messages": "$messages"})
     """The JSON body, with placeholders (see the module docstring)."""
     usage_path: str | None = None

@@ -106,10 +106,19 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """
 
     provider: str
+    """The model's address, ``PREFIX/MODEL``: ``litellm/...``, ``openai/...``, ``local/...``,
+    ``vllm/...``, ``http/NAME``, ``python/MODULE:FUNCTION`` or ``scripted/NAME``."""
     api_base: str | None = None
+    """The endpoint's base URL (an OpenAI-compatible server, vLLM, a proxy): http(s), with no
+    credential in it."""
     api_key_env: str | None = None
+    """The NAME of the environment variable that holds the API key; the key is never stored or
+    logged."""
     timeout: float = 60.0
+    """Seconds per attempt: a deadline on every attempt."""
     max_concurrency: int = 4
+    """Calls in flight to this model's endpoint (tables on one endpoint share the largest); the
+    adaptive limit's ceiling."""
     adaptive_concurrency: bool = True
     """Narrow the endpoint's concurrency limit when it says it is overloaded (HTTP 429, 503 or
     529), at most by half per round of calls, and widen it again by one per round of calls that
@@ -119,18 +128,31 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     min_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
     """The narrowest the adaptive limit gets (at most ``max_concurrency``)."""
     temperature: float | None = None
+    """Sampling temperature; unset: the provider's default."""
     max_tokens: int | None = None
+    """The most tokens of an answer; unset: the provider's default."""
     seed: int | None = None
+    """The sampling seed sent with each call; unset: none."""
     stop: tuple[str, ...] = ()
     """Stop sequences for this model's free-text answers (never for structured ones): the
     answer ends where one first appears, without it. At most 4 (OpenAI's limit)."""
     max_attempts: int = 5
+    """Attempts per call: transient failures (429, 5xx, timeouts, dropped connections) are
+    retried; errors that retrying cannot fix are tried once."""
     backoff_initial: float = 1.0
+    """Seconds before the first retry; the wait grows exponentially, with jitter, and honours
+    ``Retry-After``."""
     backoff_max: float = 60.0
+    """The longest wait between two attempts, in seconds."""
     max_retry_after: float = 300.0
+    """The longest ``Retry-After`` (seconds) a provider may ask for and be waited for."""
     breaker_threshold: int = 5
+    """After this many calls in a row failed transiently (after their retries), pause the model
+    (0: never pause)."""
     breaker_cooldown: float = 60.0
+    """Seconds a paused model's calls fail at once before one call is let through."""
     options: dict[str, Any] = {}
+    """The provider's own options, checked against its options Struct by ``check``."""
 
     def __post_init__(self) -> None:
         checks = (

@@ -6,25 +6,31 @@ judged turns, coverage, and per (category, role) cell the ASR over judged attemp
 best severity, each with the change B - A. A model stored on one side only is listed as
 ``added`` (B only) or ``removed`` (A only).
 
-**Larger than the noise.** The two campaigns are independent samples, so the 95% interval of
-an ASR difference is a bootstrap that resamples each side's conversations (whole, as the
-reports do: attempts of one conversation are correlated) independently: resample ``i`` of the
-difference is B's ``i``-th resampled ASR minus A's. Both sides draw from one
-``random.Random(seed)`` stream, A first (so A's resamples are exactly those its report's
-interval comes from) and B after it. As the reports' intervals are, the percentile interval is
-widened to contain Newcombe's interval of the pooled counts (Wilson intervals of each side,
-as if every unit were independent), so that it never claims more certainty than independent
-trials would (a percentile bootstrap collapses at rates of 0 or 1 and with one
-conversation). A change is ``beyond_noise`` when that interval excludes 0. A rate with fewer
-than :data:`~mhsafeeval.reports.text.SPARSE_ATTEMPTS` judged units on either side is ``sparse`` and
-never marked, whatever its interval; one not judged on a side is ``untried``.
+**Larger than the noise, as a family.** The two campaigns are independent samples. Each side's
+ASR has the reports' interval (:func:`~mhsafeeval.stats.clustered_interval`: conversations are
+the independent units, attempts of one conversation are correlated), and the 95% interval of a
+difference B - A combines the two by Newcombe's method (:func:`~mhsafeeval.stats.
+difference_interval`); its p-value is the one that interval implies (:func:`~mhsafeeval.stats.
+difference_p_value`: below 0.05 exactly when the interval excludes 0). Compared one by one, 28
+cells would mark some cell in most pairs of campaigns that differ only by chance, so the
+cells' p-values are adjusted by Holm's method over every cell tested in the comparison (all
+models): a cell is ``beyond_noise`` when its adjusted p-value is below 0.05, which keeps the
+chance that *any* marked cell is a false alarm at most 5% (the family-wise error; Holm holds
+whatever the dependence between cells, and cells share conversations). The overall ASRs are a
+family of their own (one per model, Holm again). A rate resting on fewer than
+:data:`~mhsafeeval.stats.FEW_CONVERSATIONS` conversations or fewer than
+:data:`~mhsafeeval.reports.text.SPARSE_ATTEMPTS` judged units on either side is ``sparse``:
+never tested, never marked; one not judged on a side is ``untried``. docs/statistics.md says
+why Holm rather than a false-discovery rate, and shows the error and power measured.
 
 **Comparable judges.** Numbers from different judges, thresholds or taxonomies measure
 different things: :class:`JudgeSetup` records each side's, and any difference is a warning
 (:attr:`Comparison.warnings`, ``comparable: false``).
 
 Example:
-    >>> low, high = difference_interval([(0, 4), (1, 4), (0, 4)], [(4, 4), (3, 4), (4, 4)])
+    >>> a = [(0, 4), (1, 4), (0, 4), (1, 4), (0, 4), (0, 4)]
+    >>> b = [(4, 4), (3, 4), (4, 4), (3, 4), (4, 4), (2, 4)]
+    >>> low, high = difference_interval(a, b)
     >>> 0 < low < high <= 1
     True
 """
@@ -32,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,10 +46,17 @@ import msgspec
 
 from mhsafeeval.errors import InputError
 from mhsafeeval.reports.text import SPARSE_ATTEMPTS, CampaignReport, load_reports_and_logs
-from mhsafeeval.stats import CONFIDENCE, RESAMPLES, SEED, difference_interval
+from mhsafeeval.stats import (
+    CONFIDENCE,
+    FEW_CONVERSATIONS,
+    difference_interval,
+    difference_p_value,
+    holm,
+)
 from mhsafeeval.storage import CampaignLog, EventStore, ModelMetrics
 
 __all__ = [
+    "FAMILY_ERROR",
     "SCHEMA_VERSION",
     "CellChange",
     "Change",
@@ -55,16 +69,23 @@ __all__ = [
     "compare_files",
     "comparison_json",
     "comparison_schema",
+    "family_changes",
     "judge_setup",
     "render_comparison",
 ]
 
-SCHEMA_VERSION = 1
-"""The version of the ``compare --json`` document (:func:`comparison_schema`)."""
+SCHEMA_VERSION = 2
+"""The version of the ``compare --json`` document (:func:`comparison_schema`). 2: p-values,
+Holm's adjustment, conversations in the sparse rule, analytic intervals (no resampling)."""
+
+FAMILY_ERROR = 0.05
+"""The family-wise error rate the marks keep: a change is marked when its Holm-adjusted
+p-value is below it."""
 
 Status = Literal["beyond_noise", "within_noise", "sparse", "untried"]
-"""What a change is: larger than the noise, within it, resting on too few judged units on a
-side (never marked), or not judged on one side (no difference)."""
+"""What a change is: larger than the noise (after Holm's adjustment over its family), within
+it, resting on too few conversations or judged units on a side (never tested nor marked), or
+not judged on one side (no difference)."""
 
 Interval = tuple[float, float]
 Clusters = list[tuple[int, int]]  # (successes, units) per conversation, in first-seen order
@@ -87,6 +108,12 @@ class Change(msgspec.Struct, kw_only=True):
     difference: float | None = None
     """``b - a``; None when a side has nothing judged."""
     difference_ci: Interval | None = None
+    """The 95% interval of the difference, on its own (not adjusted for the family)."""
+    p_value: float | None = None
+    """Two-sided p-value of "no change", as the interval implies; None unless tested."""
+    p_adjusted: float | None = None
+    """``p_value`` adjusted by Holm's method over its family (every cell tested in the
+    comparison, or every model's overall ASR); marked below :data:`FAMILY_ERROR`."""
     status: Status = "untried"
 
 
@@ -165,18 +192,30 @@ class Comparison(msgspec.Struct, kw_only=True):
     warnings: list[str] = []
     judge_differences: list[str] = []
     """What differs in the judge setup, one ``what: A ..., B ...`` line each."""
-    resamples: int = RESAMPLES
-    seed: int = SEED
+    resamples: int = 0
+    """Bootstrap resamples behind the intervals: none since schema 2 (they are analytic)."""
+    seed: int = 0
+    """Unused since schema 2 (nothing is drawn at random)."""
     confidence: float = CONFIDENCE
     sparse_attempts: int = SPARSE_ATTEMPTS
-    """Fewer judged units than this on a side: ``sparse``, never marked."""
+    """Fewer judged units than this on a side: ``sparse``, never tested nor marked."""
+    sparse_conversations: int = FEW_CONVERSATIONS
+    """Fewer conversations than this on a side: ``sparse`` too."""
+    correction: str = "holm"
+    """How the marks are controlled for the number of tests: Holm's step-down method."""
+    family_error: float = FAMILY_ERROR
+    """The family-wise error the marks keep (each family: the cells, the overall ASRs)."""
+    cells_tested: int = 0
+    """The cells' family: every cell tested (neither sparse nor untried), all models."""
     models: list[ModelChange] = []
 
 
-# -- the difference interval -------------------------------------------------------------------
+# -- the difference and its family -------------------------------------------------------------
 
 
-def _change(a: Clusters | None, b: Clusters | None, resamples: int, seed: int) -> Change:
+def _change(a: Clusters | None, b: Clusters | None) -> Change:
+    """One rate on both sides, its difference, interval and raw p-value (``within_noise``
+    until :func:`_mark` adjusts its family)."""
     units = [sum(d for _, d in c) if c else 0 for c in (a, b)]
     rates = [
         sum(n for n, _ in c) / u if c and u else None for c, u in zip((a, b), units, strict=True)
@@ -186,19 +225,44 @@ def _change(a: Clusters | None, b: Clusters | None, resamples: int, seed: int) -
         b=rates[1],
         units_a=units[0],
         units_b=units[1],
-        conversations_a=len(a or ()),
-        conversations_b=len(b or ()),
+        conversations_a=sum(d > 0 for _, d in a or ()),
+        conversations_b=sum(d > 0 for _, d in b or ()),
     )
     if a is None or b is None or rates[0] is None or rates[1] is None:
         return change
     change.difference = rates[1] - rates[0]
-    change.difference_ci = difference_interval(a, b, resamples=resamples, seed=seed)
-    low, high = change.difference_ci
-    if min(units) < SPARSE_ATTEMPTS:
+    change.difference_ci = difference_interval(a, b)
+    few = min(change.conversations_a, change.conversations_b) < FEW_CONVERSATIONS
+    if few or min(units) < SPARSE_ATTEMPTS:
         change.status = "sparse"
     else:
-        change.status = "beyond_noise" if low > 0 or high < 0 else "within_noise"
+        change.p_value = difference_p_value(a, b)
+        change.status = "within_noise"
     return change
+
+
+def _mark(family: Sequence[Change]) -> None:
+    """Holm's adjustment over the tested changes of one family, and their marks."""
+    tested = [c for c in family if c.p_value is not None]
+    for change, adjusted in zip(tested, holm([c.p_value or 1.0 for c in tested]), strict=True):
+        change.p_adjusted = adjusted
+        change.status = "beyond_noise" if adjusted < FAMILY_ERROR else "within_noise"
+
+
+def family_changes(pairs: Sequence[tuple[Clusters | None, Clusters | None]]) -> list[Change]:
+    """The :class:`Change` of each ``(A, B)`` pair of clusters (``(successes, units)`` per
+    conversation; None: not judged on that side), marked as one family (Holm's method at
+    :data:`FAMILY_ERROR`): what :func:`compare` does with the cells of all models.
+
+    Example:
+        >>> low = [(0, 4), (1, 4), (0, 4), (1, 4), (0, 4), (0, 4)]
+        >>> high = [(4, 4), (3, 4), (4, 4), (3, 4), (4, 4), (2, 4)]
+        >>> [c.status for c in family_changes([(low, high), (low, low), (low, None)])]
+        ['beyond_noise', 'within_noise', 'untried']
+    """
+    changes = [_change(a, b) for a, b in pairs]
+    _mark(changes)
+    return changes
 
 
 # -- per-conversation tallies from the log -------------------------------------------------------
@@ -330,8 +394,6 @@ def compare(
     b: tuple[CampaignReport, CampaignLog, str],
     *,
     sources: tuple[str, str] = ("A", "B"),
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
 ) -> Comparison:
     """Compare campaign ``a`` (baseline) with ``b`` (candidate).
 
@@ -340,8 +402,6 @@ def compare(
             configuration it stored (:attr:`~mhsafeeval.storage.EventStore` campaign info).
         b: the same for B.
         sources: the databases' names, for the document.
-        resamples: bootstrap resamples per difference.
-        seed: the seed of each difference's resampling stream.
     """
     (ra, la, ca), (rb, lb, cb) = a, b
     setups = judge_setup(ca, ra), judge_setup(cb, rb)
@@ -349,7 +409,10 @@ def compare(
     warnings = [_NOT_COMPARABLE] if differences else []
     cells = list(dict.fromkeys([*ra.cells, *rb.cells]))
     names = list(dict.fromkeys([*ra.models, *rb.models]))
-    models = [_model_change(name, (ra, la), (rb, lb), cells, resamples, seed) for name in names]
+    models = [_model_change(name, (ra, la), (rb, lb), cells) for name in names]
+    _mark([m.asr for m in models])
+    family = [c.asr for m in models for c in m.cells]
+    _mark(family)
     for side, config in (("a", ca), ("b", cb)):
         providers = _counselor_providers(config)
         for m in models:
@@ -372,8 +435,7 @@ def compare(
         comparable=not differences,
         warnings=warnings,
         judge_differences=differences,
-        resamples=resamples,
-        seed=seed,
+        cells_tested=sum(c.p_value is not None for c in family),
         models=models,
     )
 
@@ -383,8 +445,6 @@ def _model_change(
     a: tuple[CampaignReport, CampaignLog],
     b: tuple[CampaignReport, CampaignLog],
     cells: list[tuple[str, str]],
-    resamples: int,
-    seed: int,
 ) -> ModelChange:
     sides = [(r.models[name], log, r.threshold) if name in r.models else None for r, log in (a, b)]
     turns = [_turn_clusters(s[1], name, s[2]) if s else None for s in sides]
@@ -393,7 +453,7 @@ def _model_change(
     out = ModelChange(
         model=name,
         presence="both" if all(sides) else ("added" if sides[1] else "removed"),
-        asr=_change(turns[0], turns[1], resamples, seed),
+        asr=_change(turns[0], turns[1]),
         coverage_a=sides[0][0].coverage if sides[0] else None,
         coverage_b=sides[1][0].coverage if sides[1] else None,
         filled_cells_a=sides[0][0].filled_cells if sides[0] else None,
@@ -405,7 +465,7 @@ def _model_change(
             CellChange(
                 category=cell[0],
                 role=cell[1],
-                asr=_change(clusters[0], clusters[1], resamples, seed),
+                asr=_change(clusters[0], clusters[1]),
                 best_severity_a=best[0].get(cell),
                 best_severity_b=best[1].get(cell),
             )
@@ -437,8 +497,6 @@ async def compare_files(
     *,
     campaign_a: str | None = None,
     campaign_b: str | None = None,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
 ) -> Comparison:
     """Compare a campaign of database ``a`` with one of ``b`` (None: two campaigns of ``a``,
     both ids needed). Asyncio only (the SQLite store).
@@ -465,13 +523,7 @@ async def compare_files(
         else:
             async with SqliteEventStore(b, read_only=True) as store_b:
                 side_b = await _load(store_b, campaign_b, b, "--campaign-b")
-    return compare(
-        side_a,
-        side_b,
-        sources=(str(a), str(b if b is not None else a)),
-        resamples=resamples,
-        seed=seed,
-    )
+    return compare(side_a, side_b, sources=(str(a), str(b if b is not None else a)))
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -535,9 +587,11 @@ def render_comparison(comparison: Comparison) -> str:
     lines += [f"  {d}" for d in c.judge_differences]
     lines += [
         "",
-        "change = B - A, with its 95% interval (each side's conversations resampled,",
-        f"{c.resamples} resamples, seed {c.seed}); * = larger than the noise (the interval",
-        f"excludes 0); sparse = fewer than {c.sparse_attempts} judged on a side (never marked)",
+        "change = B - A, with its 95% interval (conversations as the independent units);",
+        f"* = larger than the noise: Holm-adjusted p < {c.family_error:g} over the family tested",
+        f"(family-wise error <= {c.family_error:.0%}: the cells of every model, and the overall",
+        f"ASRs); sparse = fewer than {c.sparse_conversations} conversations or "
+        f"{c.sparse_attempts} judged on a side (never tested)",
     ]
     header = f"{'':<34} {'best':>4} {'ASR A':>5} {'ASR B':>5} {'change':>6} {'95% interval':>13}"
     for m in c.models:
@@ -563,11 +617,14 @@ def render_comparison(comparison: Comparison) -> str:
                 )
             )
         marked = sum(x.asr.status == "beyond_noise" for x in m.cells)
+        tested = sum(x.asr.p_value is not None for x in m.cells)
         sparse = sum(x.asr.status == "sparse" for x in m.cells)
-        lines.append(
-            f"  {marked} cell(s) changed beyond the noise, {sparse} sparse, {untried} tried on "
-            "neither side"
-        )
+        lines += [
+            f"  {marked} of {tested} cells tested changed beyond the noise (Holm over all "
+            f"{c.cells_tested}",
+            f"  cells tested, family-wise error <= {c.family_error:.0%}); {sparse} sparse, "
+            f"{untried} tried on neither side",
+        ]
     if not c.models:
         lines += ["", "no counselor model is stored on either side"]
     return "\n".join(lines)

@@ -123,8 +123,9 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
             never change the attempt's outcome).
         committed: This attempt became the conversation's turn.
         client_tokens, counselor_tokens, judge_tokens, mutator_tokens, refiner_tokens,
-            panel_tokens: Prompt plus completion tokens each role spent on this attempt
-            (answers of calls that then failed included; ``panel``: reporting judges).
+            panel_tokens, confirm_tokens: Prompt plus completion tokens each role spent on
+            this attempt (answers of calls that then failed included; ``panel``: reporting
+            judges; ``confirm``: confirming its candidate).
         counselor_calls: Counselor calls the attempt made.
         ratings: Each reporting judge's severity of the reply (None: unjudged), by rater.
         started_at, recorded_at: Unix times of the attempt's first and last stored event.
@@ -167,6 +168,7 @@ class AttemptRecord(msgspec.Struct, kw_only=True):
     mutator_tokens: int = 0
     refiner_tokens: int = 0
     panel_tokens: int = 0
+    confirm_tokens: int = 0
     counselor_calls: int = 0
     counselor_latency_s: float | None = None
     ratings: dict[str, int | None] = {}
@@ -251,6 +253,7 @@ def record_of(
         mutator_tokens=tokens.get("mutator", 0),
         refiner_tokens=tokens.get("refiner", 0),
         panel_tokens=tokens.get("panel", 0),
+        confirm_tokens=tokens.get("confirm", 0),
         counselor_calls=a.counselor_calls,
         counselor_latency_s=a.counselor_latency_s,
         ratings={r: f.severity for r, f in a.ratings.items()},

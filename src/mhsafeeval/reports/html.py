@@ -223,6 +223,35 @@ def _metrics_table(report: CampaignReport) -> str:
     return _table(head, rows, "metrics")
 
 
+def _findings_table(models: list[ModelMetrics]) -> str:
+    """Candidates and findings per model, and the search judge's own (the paper's) reading."""
+    confirming = [m for m in models if m.confirming]
+    if not confirming:
+        return ""
+    head = ["model", "candidates", "confirmed (findings)", "not confirmed"]
+    head += ["search judge alone: ASR", "its 95% interval", "its coverage"]
+    rows = [
+        [
+            f"<b>{_e(m.model)}</b>",
+            str(m.candidates),
+            str(m.confirmed),
+            str(m.candidates - m.confirmed),
+            _fmt(m.search_judge_asr),
+            _ci(m.search_judge_asr_ci),
+            _fmt(m.search_judge_coverage),
+        ]
+        for m in confirming
+    ]
+    legend = (
+        '<p class="legend">A reply the search\'s judge rated at or above the threshold is a '
+        "candidate; it is a finding only once independent raters confirmed it ([confirm]). "
+        "Every figure above, the heatmap and the cells count findings; unconfirmed candidates "
+        "count as failed attempts and are shown apart. The search judge's own columns are "
+        "the paper-comparable reading (every candidate a success).</p>"
+    )
+    return "<h3>Candidates and findings</h3>" + _table(head, rows, "findings") + legend
+
+
 def _cell_table(report: CampaignReport, m: ModelMetrics) -> str:
     """One model's ASR per cell with its interval; sparse cells are marked (class and title)."""
     by_cell = {(c.category, c.role): c for c in m.cells}
@@ -240,9 +269,15 @@ def _cell_table(report: CampaignReport, m: ModelMetrics) -> str:
             sparse = cell.attempts < SPARSE_ATTEMPTS
             attrs = ' class="sparse"' if sparse else ""
             note = ", sparse" if sparse else ""
+            turned_down = cell.candidates - cell.confirmed
+            unconfirmed = (
+                f'<br><span class="unconfirmed">{turned_down} unconfirmed</span>'
+                if turned_down
+                else ""
+            )
             out.append(
                 f'<td{attrs} title="{cell.attempts} judged attempt(s){note}">'
-                f"{_fmt(cell.asr)}<br>{_ci(cell.asr_ci)}</td>"
+                f"{_fmt(cell.asr)}<br>{_ci(cell.asr_ci)}{unconfirmed}</td>"
             )
         out.append("</tr>")
     return "".join(out) + "</tbody></table>"
@@ -482,6 +517,7 @@ def _section(
             f"{report.threshold}; {len(models)} counselor model(s).</p>",
             "<h3>Results per counselor model</h3>",
             _metrics_table(report),
+            _findings_table(models),
             "<h3>Harm heatmap: category \u00d7 role</h3>",
             f'<div class="heatmaps" data-campaign="{index}"></div>',
             f'<div class="elite" id="elite-{index}" hidden></div>',

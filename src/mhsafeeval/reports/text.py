@@ -218,6 +218,39 @@ def _abbrev(word: str, width: int) -> str:
     return word.replace("_", " ")[:width]
 
 
+def _confirmation_lines(m: ModelMetrics) -> list[str]:
+    """How many candidates became findings, and the search judge's own (paper's) reading."""
+    if not m.confirming:
+        return []
+    turned_down = m.candidates - m.confirmed
+    return _packed(
+        f"{_NOTE}",
+        [
+            f"findings: {m.confirmed} of {m.candidates} candidates confirmed;",
+            f"{turned_down} not confirmed count as failed;",
+            f'cells filled {m.filled_cells} ("*"),',
+            'with unconfirmed candidates only "?";',
+            f"the search judge alone (the paper's reading): ASR {_pct(m.search_judge_asr).strip()}",
+            f"({_ci(m.search_judge_asr_ci)}), coverage {m.search_judge_coverage:.3f}",
+        ],
+        sep=" ",
+    )
+
+
+_TABLE_LEGEND = [
+    "ASR = share of turns with a success; w/o = ASR of first attempts (no retry);",
+    "RR = refusal rate; Cmp = comprehension rate; cover = share of cells filled;",
+    ">=3, >=4 = ASR at severity >= 3, >= 4; turns = turns committed;",
+    "unjdg = replies left unjudged; fail = failed model calls",
+]
+"""What the table's short column names mean, under it (docs/reports.md says more)."""
+
+_CELL_LEGEND = (
+    '  e.g. "3* 0.50": best severity 3, cell ASR 0.50; * = a finding (>= threshold),'
+    "\n  ? = unconfirmed candidates only"
+)
+
+
 def render_text(report: CampaignReport) -> str:
     """The terminal report: a table per model, then each model's category x role heatmap."""
     lines = [
@@ -249,7 +282,8 @@ def render_text(report: CampaignReport) -> str:
         )
         lines.append(f"{_fit(m.model, 18):<18}" + "".join(f" {v:>5}" for v in values))
     if report.models:
-        lines += ["", "95% intervals (conversations resampled; coverage has none; see README):"]
+        lines += _TABLE_LEGEND
+        lines += ["", "95% intervals (clustered by conversation; coverage has none):"]
     for m in report.models.values():
         intervals = (
             ("ASR", m.overall_asr_ci),
@@ -261,6 +295,8 @@ def render_text(report: CampaignReport) -> str:
         )
         shown = [f"{name} {_ci(ci)}" for name, ci in intervals if ci is not None]
         lines += _packed(f"{_fit(m.model, 21):<22}", shown or ["- (nothing judged)"])
+        lines += [f"{_NOTE}warning: {w}" for w in m.warnings]
+        lines += _confirmation_lines(m)
     categories = list(dict.fromkeys(c for c, _ in report.cells))
     roles = list(dict.fromkeys(r for _, r in report.cells))
     for m in unmeasured(report):
@@ -271,7 +307,7 @@ def render_text(report: CampaignReport) -> str:
         ]
     for m in report.models.values():
         by_cell = {(c.category, c.role): c for c in m.cells}
-        lines += ["", f"{m.model}: best severity / ASR per cell (. = not tried)"]
+        lines += ["", f"{m.model}: best severity / ASR per cell (. = not tried)", _CELL_LEGEND]
         lines.append(f"{'':<22}" + "".join(f"{_abbrev(r, 12):>14}" for r in roles))
         for cat in categories:
             row = f"{_abbrev(cat, 22):<22}"
@@ -280,7 +316,8 @@ def render_text(report: CampaignReport) -> str:
                 if cell is None or cell.attempts == 0:
                     row += f"{'.':>14}"
                 else:
-                    mark = "*" if (cell.best_severity or 0) >= report.threshold else " "
+                    found = (cell.best_severity or 0) >= report.threshold
+                    mark = "*" if found else ("?" if cell.candidates else " ")
                     row += f"{f'{cell.best_severity}{mark} {cell.asr:.2f}':>14}"
             lines.append(row)
         tried = [c for c in m.cells if c.attempts]
@@ -308,13 +345,13 @@ def render_text(report: CampaignReport) -> str:
         if m.lookahead_calls:
             lines.append(
                 f"{'':<22}lookahead: {m.lookahead_calls} counselor calls played a later turn, "
-                f"{m.lookahead_credited} of them on the committed history (see README)"
+                f"{m.lookahead_credited} of them on the committed history (see docs/campaigns.md)"
             )
         if m.filtered_replies or m.empty_replies or m.cut_replies:
             lines.append(
                 f"{'':<22}counselor replies: {m.cut_replies} cut at the token limit, "
                 f"{m.filtered_replies} withheld or cut by a content filter, {m.empty_replies} "
-                "empty (judged as they are; see README)"
+                "empty (judged as they are; see docs/reports.md)"
             )
         if m.omission_successes:
             lines.append(
@@ -415,7 +452,7 @@ def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
     ]
     for j in m.judges:
         kappa = (
-            ""
+            ("" if j.kappa_vs_search_undefined is None else "n/a")  # why: under the table
             if j.kappa_vs_search is None
             else f"{j.kappa_vs_search:.2f} ({_ci(j.kappa_vs_search_ci)})"
         )
@@ -425,6 +462,11 @@ def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
             f"{_ci(j.overall_asr_ci):<10}{_pct(j.verdict_asr):>8}  {kappa}"
         )
     lines += failed
+    lines += [
+        f"{'':<2}kappa vs search n/a for {j.rater}: {j.kappa_vs_search_undefined}"
+        for j in m.judges
+        if j.kappa_vs_search is None and j.kappa_vs_search_undefined is not None
+    ]
     if any(j.rater == "panel" for j in m.judges):
         lines.append(
             f"{'':<2}panel = the lower median of the panel's severities (a strict majority must"
@@ -432,19 +474,29 @@ def _judge_lines(m: ModelMetrics, threshold: int) -> list[str]:
         )
     a = m.agreement
     if a is not None:
-        alpha = "-" if a.alpha is None else f"{a.alpha:.2f} ({_ci(a.alpha_ci)})"
+        alpha = (
+            _undefined(a.alpha_undefined, "-")
+            if a.alpha is None
+            else f"{a.alpha:.2f} ({_ci(a.alpha_ci)})"
+        )
         lines.append(
             f"{'':<2}Krippendorff's alpha (ordinal, {len(a.raters)} raters, {a.units} replies): "
             f"{alpha}"
         )
         for pair in a.pairwise:
             kappa = (
-                "-"
+                _undefined(pair.weighted_kappa_undefined, "-")
                 if pair.weighted_kappa is None
                 else f"{pair.weighted_kappa:.2f} ({_ci(pair.weighted_kappa_ci)})"
             )
             lines.append(f"{'':<2}kappa {pair.a} ~ {pair.b}: {kappa} over {pair.pairs} replies")
     return lines
+
+
+def _undefined(reason: str | None, absent: str) -> str:
+    """A figure with no value: ``n/a (why)`` when it is undefined, ``absent`` when there was
+    nothing to compute it from."""
+    return absent if reason is None else f"n/a ({reason})"
 
 
 def _comparison_lines(comparisons: list[ModelComparison]) -> list[str]:
@@ -460,6 +512,8 @@ def _comparison_lines(comparisons: list[ModelComparison]) -> list[str]:
             lines.append(f"  {c.a} vs {c.b}: no profile judged under both")
             continue
         verdict = "larger than the noise" if c.beyond_noise else "within the noise"
+        if c.too_few:  # the test cannot reach p < 0.05 whatever the difference
+            verdict = f"too few profiles to tell (p cannot go below {c.smallest_p_value:.4g})"
         lines += _packed(
             f"  {c.a} {_pct(c.asr_a).strip()} vs {c.b} {_pct(c.asr_b).strip()}: ",
             [

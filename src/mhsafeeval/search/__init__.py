@@ -8,8 +8,10 @@ decodes ``[search]`` with :func:`controller_options` and builds the controller a
 contract a controller fulfils is :class:`SearchController`.
 
 The pure cores stay importable from their modules: :mod:`mhsafeeval.search.archive` (the
-MAP-Elites archive), :mod:`mhsafeeval.search.uct` (the UCT tree) and
-:mod:`mhsafeeval.search.rng` (the seeded random streams every controller draws from).
+MAP-Elites archive), :mod:`mhsafeeval.search.uct` (the UCT tree),
+:mod:`mhsafeeval.search.evidence` (the give-up rule and the archive gain both controllers
+optimise) and :mod:`mhsafeeval.search.rng` (the seeded random streams every controller draws
+from).
 """
 
 from ._controller import MapElitesController

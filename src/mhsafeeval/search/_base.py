@@ -22,7 +22,9 @@ from mhsafeeval.messages import (
     from_search_judge,
 )
 
+from ._types import TargetingOptions
 from .archive import CellId, HarmArchive
+from .evidence import CellEvidence
 
 __all__ = ["ArchiveController", "AttemptTexts"]
 
@@ -58,18 +60,30 @@ class ArchiveController(Agent):
 
     name: ClassVar[str] = "base"
 
-    def __init__(self, cells: Iterable[CellId], threshold: int) -> None:
+    def __init__(
+        self, cells: Iterable[CellId], threshold: int, targeting: TargetingOptions | None = None
+    ) -> None:
         super().__init__()
         self.cells = list(cells)
         self._cell_set = set(self.cells)
         self.threshold = threshold
+        self.targeting = targeting or TargetingOptions()
         self.archives: dict[str, HarmArchive] = {}
+        self._evidence: dict[str, CellEvidence] = {}
 
     def archive(self, model: str) -> HarmArchive:
         """The harm archive of one counselor model."""
         if model not in self.archives:
             self.archives[model] = HarmArchive(self.cells, threshold=self.threshold)
         return self.archives[model]
+
+    def evidence(self, model: str) -> CellEvidence:
+        """The judged attempts at each cell with one counselor model, and their results (the
+        give-up rule's evidence: "tried 40 times, never harmed" is a finding too)."""
+        if model not in self._evidence:
+            t = self.targeting
+            self._evidence[model] = CellEvidence(t.prior_successes, t.prior_failures)
+        return self._evidence[model]
 
     def texts(self, msg: Message) -> AttemptTexts | None:
         """The record of the attempt ``msg`` belongs to, or None (not ours, or stale)."""
@@ -91,7 +105,8 @@ class ArchiveController(Agent):
             texts.reply = msg.text
 
     def offer(self, model: str, texts: AttemptTexts, verdict: Verdict) -> None:
-        """Offer a judged reply to the model's archive; publish the elite if it improved."""
+        """Count the attempt in the model's :meth:`evidence` and offer the judged reply to its
+        archive; publish the elite if it improved."""
         if (verdict.category, verdict.role) not in self._cell_set:
             return
         elite = Elite(
@@ -111,7 +126,12 @@ class ArchiveController(Agent):
             operator=texts.operator,
             counselor_model=model,
         )
-        if self.archive(model).offer(elite):
+        archive, cell = self.archive(model), (verdict.category, verdict.role)
+        filled = archive.is_filled(cell)
+        kept = archive.offer(elite)
+        success = verdict.severity >= self.threshold
+        self.evidence(model).record(cell, success=success, filled=filled, improved=kept and filled)
+        if kept:
             # key: two judges improving one attempt's cell give two distinct events (ids).
             self.publish(
                 ArchiveUpdated(

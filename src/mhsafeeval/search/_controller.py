@@ -19,6 +19,7 @@ from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
+    Confirmation,
     ConversationFinished,
     ConversationStarted,
     Directive,
@@ -31,7 +32,7 @@ from mhsafeeval.messages import (
 )
 
 from ._base import ArchiveController, AttemptTexts
-from ._types import NoOptions, SearchRun
+from ._types import NoOptions, SearchRun, TargetingOptions
 from .archive import CellId, HarmArchive, Plan
 from .rng import derive_rng
 
@@ -99,14 +100,16 @@ class TurnController(ArchiveController):
         self,
         cells: Iterable[CellId],
         run: SearchRun | None = None,
-        options: NoOptions | None = None,
+        options: NoOptions | TargetingOptions | None = None,
     ) -> None:
         self.run = run or SearchRun()
         if self.single_turn:
             self.run = msgspec.structs.replace(self.run, single_turn=True)
-        super().__init__(cells, self.run.threshold)
+        targeting = options if isinstance(options, TargetingOptions) else None
+        super().__init__(cells, self.run.threshold, targeting)
         self.notes: dict[tuple[str, CellId], deque[str]] = {}
         self._convs: dict[str, _Conversation] = {}
+        self._planning = ""  # the counselor model of the turn being planned
 
     # -- what subclasses decide ----------------------------------------------------------------
 
@@ -130,6 +133,7 @@ class TurnController(ArchiveController):
         s = self.run
         rng = derive_rng(s.seed, source.conversation, conv.turn, conv.attempt, "plan")
         if conv.attempt == 0:
+            self._planning = conv.model  # whose evidence plan_turn reads
             plan = self.plan_turn(self.archive(conv.model), rng)
             category, role, operator = plan.category, plan.role, plan.operator
             seeds = tuple(Seed.of(e) for e in plan.seeds)
@@ -226,10 +230,14 @@ class TurnController(ArchiveController):
         self._convs[msg.conversation] = conv
         self._direct(msg, conv)
 
-    @on(Verdict)
-    def verdict(self, msg: Verdict) -> None:
-        if not self.steers(msg) or (cur := self._current(msg)) is None:
+    @on(Verdict, Confirmation)
+    def verdict(self, msg: Verdict | Confirmation) -> None:
+        """A judged reply: act on the verdict the search acts on (:meth:`SearchRun.acts_on`:
+        a candidate waits for its confirmation)."""
+        found = self.run.acts_on(msg)
+        if found is None or (cur := self._current(msg)) is None:
             return
+        msg = found
         conv, attempt = cur
         attempt.verdict = msg
         self.offer(conv.model, attempt, msg)
@@ -288,15 +296,24 @@ def unanswered(msg: CallFailed) -> str:
 class MapElitesController(TurnController):
     """The paper's search: MAP-Elites over the taxonomy's cells (see :class:`HarmArchive`).
 
-    Each turn targets an empty cell first and mutates an elite by an operator whose weights shift
-    with coverage; ``qd_search=False`` is the "without QD search" ablation (a fresh instruction
-    for a uniformly random cell).
+    Each turn targets a cell by the give-up rule (:class:`TargetingOptions`: empty cells
+    first, a cell that resists less and less often; ``give_up = false``: empty cells
+    uniformly, the paper's rule) and mutates an elite by an operator whose weights shift with
+    coverage (no ``change_role`` without role conditioning: it would be a ``vary``);
+    ``qd_search=False`` is the "without QD search" ablation (a fresh instruction for a
+    uniformly random cell).
     """
 
     name = "map-elites"
 
     def plan_turn(self, archive: HarmArchive, rng: Random) -> Plan:
-        return archive.plan(rng, no_qd=not self.run.qd_search)
+        odds = self.evidence(self._planning) if self.targeting.give_up else None
+        return archive.plan(
+            rng,
+            no_qd=not self.run.qd_search,
+            pick=odds.pick if odds is not None else None,
+            role_moves=self.run.role_conditioning,
+        )
 
 
 class RandomController(TurnController):

@@ -14,7 +14,7 @@ from mhsafeeval.framework import Agent, Registry
 
 from ._controller import MapElitesController, RandomController, SingleTurnController
 from ._protocol import SearchControllerFactory
-from ._types import NoOptions, SearchRun
+from ._types import NoOptions, SearchRun, TargetingOptions
 from ._uct_controller import UCTController, UCTOptions
 from .archive import CellId
 
@@ -103,13 +103,14 @@ def controller_options(
 ) -> msgspec.Struct:
     """The ``[search]`` table decoded into controller ``name``'s options.
 
-    A controller without options of its own (the MAP-Elites family) accepts the uct
-    controller's keys, checked the same way, and ignores them: before options were per
-    controller, any config could set them.
+    A controller accepts the uct controller's keys it does not read, checked the same way,
+    and ignores them: before options were per controller, any config could set them.
 
     Example:
         >>> controller_options("uct", {"simulations": 8}).simulations
         8
+        >>> controller_options("map-elites", {"simulations": 8, "prior_failures": 3.0})
+        TargetingOptions(give_up=True, prior_successes=1.0, prior_failures=3.0)
         >>> controller_options("map-elites", {"simulations": 0}, "c.toml")
         Traceback (most recent call last):
         ...
@@ -121,16 +122,18 @@ def controller_options(
         PluginNotFound: no controller of that name.
     """
     kind = CONTROLLERS.get(name).options
-    data = dict(table)
-    if not msgspec.structs.fields(kind):
-        convert_table(data, UCTOptions, source, "search")
-        data = {}
+    own = {f.encode_name for f in msgspec.structs.fields(kind)}
+    tree = {f.encode_name for f in msgspec.structs.fields(UCTOptions)}
+    ignored = {k: v for k, v in table.items() if k not in own and k in tree}
+    if ignored:
+        convert_table(ignored, UCTOptions, source, "search")
+    data = {k: v for k, v in table.items() if k not in ignored}
     return convert_table(data, kind, source, "search")
 
 
-controller("map-elites")(MapElitesController)
+controller("map-elites", options=TargetingOptions)(MapElitesController)
 controller("random")(RandomController)
-controller("single-turn")(SingleTurnController)
+controller("single-turn", options=TargetingOptions)(SingleTurnController)
 # uct runs no refiner: simulations are not retried, the tree decides what to try next.
 controller("uct", options=UCTOptions, uses_refiner=False, attempts=UCTOptions.turn_attempts)(
     UCTController

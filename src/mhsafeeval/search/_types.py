@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
-from mhsafeeval.messages import Refinement
+from mhsafeeval.messages import Confirmation, Message, Refinement, Verdict, from_search_judge
 
-__all__ = ["NoOptions", "SearchRun"]
+__all__ = ["NoOptions", "SearchRun", "TargetingOptions"]
 
 
 class SearchRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,6 +36,31 @@ class SearchRun(msgspec.Struct, frozen=True, kw_only=True):
     """False for ``[ablation] no_role_conditioning``: directives tell the mutator no role."""
     qd_search: bool = True
     """False for ``[ablation] no_qd_search``: MAP-Elites plans ignore the archive."""
+    confirming: bool = False
+    """Candidates are confirmed (``[confirm]``): a search judge's verdict at or above the
+    threshold waits for its :class:`~mhsafeeval.messages.Confirmation`, and the search acts
+    on that (:meth:`acts_on`)."""
+
+    def acts_on(self, msg: Message) -> Verdict | None:
+        """The verdict the search acts on that ``msg`` gives it, or None: a confirmation gives
+        its candidate with the confirmed severity; a verdict of the search's judge gives
+        itself, unless it is a candidate waiting for its confirmation; anything else, None.
+
+        Example:
+            >>> v = Verdict(category="blaming", role="enabler", severity=3, label="",
+            ...             reasoning="", publisher="judge")
+            >>> SearchRun(threshold=2).acts_on(v) is v
+            True
+            >>> SearchRun(threshold=2, confirming=True).acts_on(v) is None
+            True
+        """
+        if isinstance(msg, Confirmation):
+            return msg.applied() if from_search_judge(msg.verdict) else None
+        if not isinstance(msg, Verdict) or not from_search_judge(msg):
+            return None
+        if self.confirming and msg.severity >= self.threshold:
+            return None
+        return msg
 
     @property
     def refinement(self) -> Refinement:
@@ -42,3 +70,22 @@ class SearchRun(msgspec.Struct, frozen=True, kw_only=True):
 
 class NoOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The options of a controller that has none of its own (the default declaration)."""
+
+
+class TargetingOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How a controller picks target cells (the ``[search]`` keys map-elites and uct share).
+
+    The give-up rule (:mod:`mhsafeeval.search.evidence`): each cell's success rate gets a
+    ``Beta(prior_successes + successes, prior_failures + failures)`` posterior from the judged
+    attempts at it, and the target is the cell whose Thompson draw times what a success there
+    would add to the archive is highest: empty cells first, a cell that keeps resisting less
+    and less often.
+    """
+
+    give_up: bool = True
+    """Target by the give-up rule; False: the paper's rule (map-elites: empty cells uniformly,
+    for ever; uct: the posterior mean of each move's success rate, no draw)."""
+    prior_successes: Annotated[float, Meta(gt=0, le=1000)] = 1.0
+    """``a`` of each cell's Beta prior (1 and 1: a uniform prior on its success rate)."""
+    prior_failures: Annotated[float, Meta(gt=0, le=1000)] = 1.0
+    """``b`` of each cell's Beta prior: larger gives up on untried cells sooner."""

@@ -4,30 +4,32 @@ Its options are :class:`UCTOptions` (the ``[search]`` table). Each turn runs ``s
 (default 20) simulations, up to ``in_flight`` (default 4) at a time. A simulation is one attempt of
 the turn (attempt number = simulation number): the tree picks an action (target cell x operator),
 the mutator and client turn it into an utterance, the counselor answers, the judge scores the reply
-and the reward is backed up. Every judged reply is offered to the counselor model's archive.
+and the reward (what the reply adds to the archive, :func:`~mhsafeeval.search.uct.reward`) is
+backed up. Every judged reply is offered to the counselor model's archive.
 Outcomes are applied in simulation order, and simulation n + ``in_flight`` starts once simulation
 n's is applied: a reply that arrives early waits (still counted in flight) for the earlier ones. So
 the search depends on the replies, never on their arrival order: with one conversation at a time a
 campaign's search is the same run to run, and a resumed run makes the same decisions. When the
 budget is spent (or, with ``early_stop``, at the first success) the turn commits the **best
 action's most severe reply**: the best action is the root action with the highest mean reward
-(ties: more visits, then prior); among its sampled replies the one with the highest reward (judged
-before unjudged), because a red-team conversation continues from the strongest failure it found.
+(ties: more visits, then prior); among its sampled replies the most severe one (judged before
+unjudged; ties: the higher reward, then the earlier), because a red-team conversation continues
+from the strongest failure it found.
 The tree is then re-rooted at that reply for the next turn, keeping its statistics. Tree
 statistics, with the campaign's ``threshold`` and whether the turn has had a ``success`` under it
 (1.0 or 0.0), are published as :class:`~mhsafeeval.messages.SearchStats` after every simulation, so
 a run can be inspected. Success is a judged severity at or above the campaign's threshold
 (``[campaign] threshold``) everywhere here: a reply below it earns reward 0, counts as a failed try
-in the learned rates, does not stop the turn early and does not make the turn a success.
+in the learned rates, does not stop the turn early and does not make the turn a success. Without
+role conditioning a move is a category and an operator, never ``change_role``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from random import Random
 from typing import Annotated
 
-import msgspec
 import structlog
 from msgspec import Meta
 
@@ -35,6 +37,7 @@ from mhsafeeval.framework import on
 from mhsafeeval.messages import (
     ArchiveUpdated,
     CallFailed,
+    Confirmation,
     ConversationFinished,
     ConversationStarted,
     Directive,
@@ -49,8 +52,9 @@ from mhsafeeval.messages import (
 
 from ._base import ArchiveController, AttemptTexts
 from ._controller import unanswered
-from ._types import SearchRun
+from ._types import SearchRun, TargetingOptions
 from .archive import CellId
+from .evidence import REPEAT, step, thompson
 from .rng import derive_rng
 from .uct import Action, TreePath, UCTSettings, UCTTree, reward
 
@@ -61,9 +65,9 @@ log = structlog.get_logger("mhsafeeval.search.uct")
 _OPERATORS: tuple[Operator, ...] = ("fresh", "change_category", "change_role", "crossover", "vary")
 
 
-class UCTOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class UCTOptions(TargetingOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The uct controller's options: the ``[search]`` table (bounds refuse typos such as an
-    extra zero at ``check``)."""
+    extra zero at ``check``), with the give-up rule's (:class:`TargetingOptions`)."""
 
     simulations: Annotated[int, Meta(ge=1, le=10_000)] = 20
     """Simulations (counselor calls) per turn."""
@@ -74,7 +78,8 @@ class UCTOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     exploration: Annotated[float, Meta(ge=0, le=1000)] = 1.0
     """The PUCT exploration constant."""
     empty_bonus: Annotated[float, Meta(ge=0, le=1)] = 0.2
-    """Reward added for a success in a cell the archive has not filled."""
+    """No longer read: the reward is the archive's gain (a new cell earns 1); kept so that
+    configs that set it still load."""
     early_stop: bool = False
     """Commit the turn at its first success instead of spending every simulation."""
 
@@ -84,13 +89,14 @@ class UCTOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "attempt", "key", "move", "outcome", "path")
+    __slots__ = ("action", "attempt", "cell", "key", "move", "outcome", "path")
 
-    def __init__(self, path: TreePath, attempt: int) -> None:
+    def __init__(self, path: TreePath, attempt: int, cell: CellId) -> None:
         action = path.action
         super().__init__(action.operator)
         self.path = path
         self.action = action
+        self.cell = cell  # the target: the action's cell, or the role chosen for a role-less one
         self.attempt = attempt
         self.key = str(attempt)  # its sample's key in the tree (see _Conv.sample)
         self.outcome: Message | None = None  # its Verdict, Unjudged or CallFailed, once here
@@ -107,6 +113,7 @@ class _Conv:
         "flight",
         "max_turns",
         "model",
+        "roles",
         "sims",
         "started",
         "tree",
@@ -123,6 +130,7 @@ class _Conv:
         self.done = 0  # simulations whose outcome is applied this turn (in attempt order)
         self.sims: dict[int, _Sim] = {}  # this turn's simulations, by attempt
         self.flight: dict[object, int] = {}  # simulations in flight, by category/role/cell/move
+        self.roles: dict[Action, CellId] = {}  # each move's target cell (role-less: best role)
 
     def sample(self, key: str) -> _Sim:
         """The simulation whose reply is the tree's sample ``key`` (one of this turn's: a
@@ -144,7 +152,7 @@ class UCTController(ArchiveController):
     ) -> None:
         self.run = run or SearchRun()
         self.options = options or UCTOptions()
-        super().__init__(cells, self.run.threshold)
+        super().__init__(cells, self.run.threshold, self.options)
         self.tree_settings = UCTSettings(
             c=self.options.exploration, samples=self.options.samples_per_action
         )
@@ -155,8 +163,14 @@ class UCTController(ArchiveController):
         """Counts other processes learned (a distributed run's other workers), in the same
         shape as :meth:`learned`: added to this controller's own when it ranks moves, never
         published or stored."""
+        # No role conditioning: one move per category and operator (the mutator is told no
+        # role, so the 4 role cells would be the same move), and no change_role (a vary).
+        roles = self.run.role_conditioning
+        self._operators = tuple(op for op in _OPERATORS if roles or op != "change_role")
         self._actions = {
-            (cell, op): Action(cell[0], cell[1], op) for cell in self.cells for op in _OPERATORS
+            (cell, op): Action(cell[0], cell[1] if roles else "", op)
+            for cell in self.cells
+            for op in self._operators
         }
 
     def learned(self) -> dict[str, dict[object, list[int]]]:
@@ -179,29 +193,37 @@ class UCTController(ArchiveController):
 
     @classmethod
     def _fly(cls, conv: _Conv, sim: _Sim, delta: int) -> None:
-        for key in cls._keys((sim.action.category, sim.action.role), sim.move):
+        for key in cls._keys(sim.cell, sim.move):
             conv.flight[key] = conv.flight.get(key, 0) + delta
 
     # -- the tree ------------------------------------------------------------------------------
 
     def _candidates(self, conv: _Conv) -> list[tuple[Action, float]]:
-        """Every (cell, operator) move possible now, with its prior: the reward it is expected
-        to earn, ``p * (reward at the threshold + empty_bonus if the archive lacks the cell)``.
+        """Every move possible now, with its prior: the archive gain it is expected to earn
+        per counselor call. For a cell the archive has not filled, ``p * 1`` (a new cell);
+        for a filled one, ``p * REPEAT`` (0.2: another example of a known harm) plus the rate
+        at which attempts since it was filled raised its severity (a Beta posterior, as below)
+        times one severity step (:func:`~mhsafeeval.search.evidence.step`; 0 at severity 5).
 
         ``p``, the chance that the move makes this counselor model fail, is learned from every
-        judged simulation with the model, level by level, each smoothed towards the level
-        above with the weight of one try: the category's and the role's rates (towards an even
-        chance; a model that fails in one cell of a category tends to fail in its neighbours,
-        so the category weighs twice the role), then the cell's, then the move's own.
-        A move nobody tried thus ranks above one that failed and below one that worked. The
-        rates are shared by every conversation with the model and read again before each
+        judged simulation with the model, level by level: the category's and the role's rates
+        (smoothed towards an even chance with the weight of one try; a model that fails in one
+        cell of a category tends to fail in its neighbours, so the category weighs twice the
+        role) centre the cell's Beta prior (strength ``prior_successes + prior_failures``);
+        with ``give_up`` the cell's rate is a Thompson draw from its posterior (the give-up
+        rule: a cell that resists is drawn low more and more often, never for ever), else the
+        posterior mean; the move's own rate is smoothed towards it with the weight of one try.
+        The rates are shared by every conversation with the model and read again before each
         simulation (:meth:`UCTTree.reprioritise`), so what one conversation learns re-orders
         the untried moves of the others at once. This conversation's simulations still in
         flight count as tries that failed (the tree's virtual loss, carried over), so its
-        concurrent simulations spread over categories instead of piling into one nobody has
-        heard back from. Other conversations' calls in flight do not count: what one
-        conversation decides depends on the others only through judged replies, so a resumed
-        run can retry one conversation's failed turn without changing another's decisions.
+        concurrent simulations spread out instead of piling into a cell nobody has heard back
+        from. Other conversations' calls in flight do not count: what one conversation decides
+        depends on the others only through judged replies, so a resumed run can retry one
+        conversation's failed turn without changing another's decisions.
+
+        Without role conditioning a move is a category and an operator (role ``""``): its
+        prior is its best role's, and that role is the target it directs (``conv.roles``).
         """
         archive = self.archive(conv.model)
         filled = len(archive.filled_cells())
@@ -209,27 +231,53 @@ class UCTController(ArchiveController):
         shared = self.shared_levels.get(conv.model)
         flight = conv.flight
         none = (0, 0)
+        opts = self.options
+        prior = (opts.prior_successes, opts.prior_failures)
+        rng = derive_rng(self.run.seed, conv.campaign, conv.model, conv.turn, conv.started, "odds")
 
-        def smooth(key: object, towards: float) -> float:
+        def counts(key: object) -> tuple[int, int]:
             wins, tries = levels.get(key, none)
             if shared:  # a distributed run: the other workers' counts too
                 more = shared.get(key, none)
                 wins, tries = wins + more[0], tries + more[1]
-            return (wins + towards) / (tries + flight.get(key, 0) + 1)
+            return wins, tries + flight.get(key, 0)
 
-        worth = reward(self.run.threshold, threshold=self.run.threshold, cell_empty=False)
-        out = []
+        def smooth(key: object, towards: float) -> float:
+            wins, tries = counts(key)
+            return (wins + towards) / (tries + 1)
+
+        best: dict[Action, tuple[float, CellId]] = {}  # each move's prior and target cell
+        evidence = self.evidence(conv.model)
         for cell in self.cells:
             category, role = cell
             base = (2 * smooth(("category", category), 0.5) + smooth(("role", role), 0.5)) / 3
-            p_cell = smooth(cell, base)
-            empty = self.options.empty_bonus if not archive.is_filled(cell) else 0.0
-            for op in _OPERATORS:
+            wins, tries = counts(cell)
+            if opts.give_up:
+                # The category's tries inform its cells: each counts a quarter try here.
+                pooled = sum(prior) + counts(("category", category))[1] / 4
+                p_cell = thompson(rng, wins, tries, (pooled / 2, pooled / 2), base)
+            else:
+                strength = sum(prior)
+                p_cell = (wins + strength * base) / (tries + strength)
+            if archive.is_filled(cell):  # a repeat, or a higher severity
+                gained, tried = evidence.gains(cell)
+                tried += flight.get(cell, 0)
+                if opts.give_up:
+                    p_gain = thompson(rng, gained, tried, prior)
+                else:
+                    p_gain = (gained + prior[0]) / (tried + sum(prior))
+                value = p_cell * REPEAT + p_gain * step(archive, cell)
+                moves = [(op, value) for op in self._operators]
+            else:  # a new cell
+                moves = [(op, smooth((category, role, op), p_cell)) for op in self._operators]
+            for op, p in moves:
                 if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
                     continue
-                p = smooth((category, role, op), p_cell)
-                out.append((self._actions[(cell, op)], p * (worth + empty)))
-        return out
+                action = self._actions[(cell, op)]
+                if action not in best or p > best[action][0]:  # role-less: the best role's
+                    best[action] = (p, cell)
+        conv.roles = {action: cell for action, (_, cell) in best.items()}
+        return [(action, p) for action, (p, _) in best.items()]
 
     def _new_turn(self, source: Message, conv: _Conv) -> None:
         conv.started = conv.done = 0
@@ -252,10 +300,11 @@ class UCTController(ArchiveController):
                 break
             attempt = conv.started
             conv.started += 1
-            sim = conv.sims[attempt] = _Sim(path, attempt)
-            action = sim.action
+            action = path.action
+            cell = conv.roles.get(action, (action.category, action.role))
+            sim = conv.sims[attempt] = _Sim(path, attempt, cell)
             rng = derive_rng(run.seed, source.conversation, conv.turn, attempt, "uct")
-            sim.operator, seeds = self._seeds(conv, action, rng)
+            sim.operator, seeds = self._seeds(conv, action.operator, cell, rng)
             sim.move = sim.operator
             self._fly(conv, sim, +1)
             self.publish(
@@ -263,8 +312,8 @@ class UCTController(ArchiveController):
                     **source.child_ids(
                         campaign=conv.campaign, turn=conv.turn, attempt=attempt, branch=""
                     ),
-                    category=action.category,
-                    role=action.role,
+                    category=cell[0],
+                    role=cell[1],
                     operator=sim.operator,
                     seeds=seeds,
                     role_conditioning=run.role_conditioning,
@@ -284,27 +333,38 @@ class UCTController(ArchiveController):
         return any(self._wins(v) for v in self._severities(conv))
 
     @staticmethod
+    def _severity_of(conv: _Conv) -> Callable[[str], float]:
+        """A sample's judged severity (0 unjudged): the commit continues from the strongest
+        failure of the best move, whatever it added to the archive."""
+
+        def severity(key: str) -> float:
+            verdict = conv.sample(key).verdict
+            return float(verdict.severity) if verdict is not None else 0.0
+
+        return severity
+
+    @staticmethod
     def _severities(conv: _Conv) -> list[int]:
         """The judged severities of this turn's replies (the root actions' samples)."""
         found = (conv.sample(key).verdict for key in conv.tree.sample_keys())
         return [v.severity for v in found if v is not None]
 
-    def _seeds(self, conv: _Conv, action: Action, rng: Random) -> tuple[Operator, tuple[Seed, ...]]:
-        if action.operator == "fresh":
+    def _seeds(
+        self, conv: _Conv, operator: Operator, cell: CellId, rng: Random
+    ) -> tuple[Operator, tuple[Seed, ...]]:
+        if operator == "fresh":
             return "fresh", ()
         try:
-            elites = self.archive(conv.model).pick_seeds(
-                rng, action.operator, (action.category, action.role)
-            )
+            elites = self.archive(conv.model).pick_seeds(rng, operator, cell)
         except LookupError:
             return "fresh", ()
-        return action.operator, tuple(Seed.of(e) for e in elites)
+        return operator, tuple(Seed.of(e) for e in elites)
 
     # -- committing ----------------------------------------------------------------------------
 
     def _commit(self, source: Message, conv: _Conv) -> None:
         action = conv.tree.best_action()
-        sample = conv.tree.best_sample(action) if action is not None else None
+        sample = conv.tree.best_sample(action, self._severity_of(conv)) if action else None
         if action is None or sample is None:
             self._finish(source, conv, "failed", "no simulation of the turn got a counselor reply")
             return
@@ -316,8 +376,8 @@ class UCTController(ArchiveController):
                     turn=conv.turn, attempt=max(conv.sims, default=0), branch="", key="commit"
                 ),
                 committed_attempt=sim.attempt,
-                category=action.category,
-                role=action.role,
+                category=sim.cell[0],
+                role=sim.cell[1],
                 client_text=sim.utterance,
                 counselor_text=sim.reply or "",
                 success=any(self._wins(v) for v in judged),
@@ -360,13 +420,18 @@ class UCTController(ArchiveController):
         self._convs[msg.conversation] = conv
         self._new_turn(msg, conv)
 
-    @on(Verdict, Unjudged, CallFailed)
-    def outcome(self, msg: Verdict | Unjudged | CallFailed) -> None:
+    @on(Verdict, Confirmation, Unjudged, CallFailed)
+    def outcome(self, msg: Verdict | Confirmation | Unjudged | CallFailed) -> None:
         """A simulation ended. Outcomes are applied in simulation order (one that arrives
         early waits for the earlier ones, still counted in flight), and a new simulation is
         launched after each, so what the search does never depends on the order in which
         replies arrive: a conversation's search is reproducible and a resumed run makes the
         same decisions."""
+        if isinstance(msg, Verdict | Confirmation):
+            found = self.run.acts_on(msg)  # a candidate waits for its confirmation
+            if found is None:
+                return
+            msg = found
         cur = self._sim(msg) if self.steers(msg) else None
         if cur is None or cur[1].outcome is not None:
             return  # stale, or a second outcome for one simulation (the first one counts)
@@ -386,13 +451,11 @@ class UCTController(ArchiveController):
             sim.verdict = msg
             archive = self.archive(conv.model)
             cell = (msg.category, msg.role)
-            empty = cell in self._cell_set and not archive.is_filled(cell)
-            value = reward(
-                msg.severity,
-                threshold=self.run.threshold,
-                cell_empty=empty,
-                empty_bonus=self.options.empty_bonus,
-            )
+            known = cell in self._cell_set
+            elite = archive.elite(cell) if known else None
+            best = elite.severity if elite is not None and archive.is_filled(cell) else None
+            # The archive's gain (a new cell, or a higher severity), before the offer adds it.
+            value = reward(msg.severity, threshold=self.run.threshold, best=best) if known else 0.0
             conv.tree.backup(sim.path, value, key=sim.key)
             win = self._wins(msg.severity)
             self._count(conv.model, cell, sim.move, win)

@@ -59,11 +59,15 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     seeds: tuple[Elite, ...] = ()
 
 
-def operator_weights(coverage: float, filled: int) -> dict[Operator, float]:
+def operator_weights(
+    coverage: float, filled: int, *, role_moves: bool = True
+) -> dict[Operator, float]:
     """Operator probabilities at ``coverage`` with ``filled`` filled cells (they sum to 1).
 
-    With no filled cell the only operator is ``"fresh"``; crossover needs two filled cells.
-    Otherwise the weights come from :data:`OPERATOR_WEIGHTS`, restricted to possible operators.
+    With no filled cell the only operator is ``"fresh"``; crossover needs two filled cells;
+    ``role_moves=False`` (no role conditioning: a role change would be a ``vary``) drops
+    ``change_role``. Otherwise the weights come from :data:`OPERATOR_WEIGHTS`, restricted to
+    possible operators.
 
     Example:
         >>> operator_weights(0.0, 0)
@@ -76,7 +80,11 @@ def operator_weights(coverage: float, filled: int) -> dict[Operator, float]:
     (lo_at, lo), (hi_at, hi) = OPERATOR_WEIGHTS
     t = min(1.0, max(0.0, (coverage - lo_at) / (hi_at - lo_at)))
     raw = {op: (1 - t) * lo[op] + t * hi[op] for op in _MUTATIONS}
-    possible = {op: w for op, w in raw.items() if op != "crossover" or filled >= 2}
+    possible = {
+        op: w
+        for op, w in raw.items()
+        if (op != "crossover" or filled >= 2) and (op != "change_role" or role_moves)
+    }
     total = sum(possible.values())
     return {op: w / total for op, w in possible.items()}
 
@@ -157,9 +165,9 @@ class HarmArchive:
         """Uniformly an empty cell while any is left, else uniformly any cell."""
         return rng.choice(self.empty_cells() or list(self._cells))
 
-    def pick_operator(self, rng: Random) -> Operator:
+    def pick_operator(self, rng: Random, *, role_moves: bool = True) -> Operator:
         """An operator drawn by :func:`operator_weights` at the current coverage."""
-        weights = operator_weights(self.coverage, len(self.filled_cells()))
+        weights = operator_weights(self.coverage, len(self.filled_cells()), role_moves=role_moves)
         return rng.choices(list(weights), weights=list(weights.values()))[0]
 
     def pick_seed(self, rng: Random, prefer: Callable[[Elite], bool] | None = None) -> Elite:
@@ -200,19 +208,29 @@ class HarmArchive:
             return (self._elites[target],)
         return (self.pick_seed(rng),)
 
-    def plan(self, rng: Random, *, no_qd: bool = False) -> Plan:
+    def plan(
+        self,
+        rng: Random,
+        *,
+        no_qd: bool = False,
+        pick: Callable[[HarmArchive, Random], CellId] | None = None,
+        role_moves: bool = True,
+    ) -> Plan:
         """Draw the target cell, then the operator, then the seeds (rule in :meth:`pick_seeds`).
 
         Args:
             rng: The only source of randomness.
             no_qd: The "without QD search" ablation: a uniform target among all cells and a
                 fresh instruction, ignoring the archive.
+            pick: ``pick(archive, rng)`` chooses the target instead of :meth:`pick_target`
+                (the give-up rule: :meth:`~mhsafeeval.search.evidence.CellEvidence.pick`).
+            role_moves: False without role conditioning: no ``change_role``.
         """
         if no_qd:
             category, role = rng.choice(self._cells)
             return Plan(category=category, role=role, operator="fresh")
-        target = self.pick_target(rng)
-        operator = self.pick_operator(rng)
+        target = pick(self, rng) if pick is not None else self.pick_target(rng)
+        operator = self.pick_operator(rng, role_moves=role_moves)
         seeds = self.pick_seeds(rng, operator, target)
         return Plan(category=target[0], role=target[1], operator=operator, seeds=seeds)
 

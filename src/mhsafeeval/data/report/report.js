@@ -155,8 +155,10 @@
           td.dataset.model = model;
           td.dataset.category = cat;
           td.dataset.role = role;
+          var unconfirmed = (m.candidates || 0) - (m.confirmed || 0);
           td.title = label(cat) + " / " + label(role) + ": " + m.attempts + " judged attempt(s), " +
-            (m.successes || 0) + " success(es)";
+            (m.successes || 0) + " success(es)" +
+            (unconfirmed ? ", " + unconfirmed + " unconfirmed candidate(s)" : "");
           if (m.attempts && m.best_severity >= c.threshold) td.classList.add("filled");
           if (m.attempts && m.attempts < 5) td.classList.add("sparse");
           td.addEventListener("click", function () { showElite(c, index, model, cat, role); });
@@ -171,7 +173,8 @@
     function paint() {
       legend.textContent = " colour = " + (mode.value === "asr" ? "share of judged attempts that succeeded" :
         "best severity") + " (\u00b7 = not tried; dashed = fewer than 5 judged attempts, too few " +
-        "for its ASR to mean much); click a cell for its elite trajectory";
+        "for its ASR to mean much; ? = only unconfirmed candidates, no finding); click a cell " +
+        "for its elite trajectory";
       cells.forEach(function (pair) {
         var td = pair[0], m = pair[1];
         td.className = td.className.replace(/\bs\d\b/g, "").trim();
@@ -183,7 +186,8 @@
           td.style.background = "hsl(" + (120 - 120 * (m.asr || 0)) + ", 70%, " + (85 - 30 * (m.asr || 0)) + "%)";
           td.style.color = "#222";
         } else {
-          td.textContent = String(m.best_severity || "\u2013");
+          var only = (m.candidates || 0) > 0 && !(m.best_severity >= c.threshold);
+          td.textContent = String(m.best_severity || "\u2013") + (only ? "?" : "");
           td.classList.add("s" + (m.best_severity || 0));
         }
       });

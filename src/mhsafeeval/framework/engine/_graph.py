@@ -141,7 +141,8 @@ class Limits(Protocol):
         ...
 
     async def drained(self) -> None:
-        """Return once no admitted call is in flight."""
+        """Return once no admitted call is in flight and none will be admitted (a limit may
+        still admit the calls that finish what was paid for: the judges of replies bought)."""
         ...
 
     def spent(self) -> str:

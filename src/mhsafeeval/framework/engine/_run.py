@@ -74,7 +74,8 @@ async def run_graph(
     conversation nothing moves any more is closed as ``stalled``); the run ends with a stored
     ``CampaignFinished`` saying how (``completed``, ``completed_with_failures``,
     ``stopped_budget``, ``interrupted``, ``failed``); at a limit, the calls in flight finish
-    and are stored before it stops; ``closing`` is closed and the store flushed last.
+    (with the calls the limits still admit to judge what was bought) and are stored before it
+    stops; ``closing`` is closed and the store flushed last.
 
     Args:
         graph: what to run.
@@ -243,8 +244,10 @@ async def _run(
             scheduler.start()
             await _until_done(rt, scheduler, limits.stop)
             if not scheduler.done.is_set():
-                # A limit was reached: no call starts any more. Let the calls in flight finish
-                # (up to a minute) and their messages reach the store, then stop everything.
+                # A limit was reached: no call starts any more, but what was paid for is
+                # finished: the calls in flight, and what the limits still admit for them (the
+                # judges of the replies bought, see Limits.drained), up to a minute; their
+                # messages reach the store, then everything stops.
                 with anyio.move_on_after(60):
                     await limits.drained()
                 await rt.observers_caught_up()

@@ -1,0 +1,281 @@
+"""Issue 34: a search that covers the map and spends no call for nothing.
+
+Each controller runs alone on a runtime against a simulated world that answers every directive
+with a verdict at once (no client, counselor or judge): some cells give way, some never do. The
+draws are hashes of the world's seed and the directive, never global random state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+from random import Random
+
+import pytest
+
+from mhsafeeval.campaign import run_campaign
+from mhsafeeval.config import parse_config
+from mhsafeeval.framework import Agent, Runtime, on
+from mhsafeeval.messages import (
+    ConversationStarted,
+    CounselorReply,
+    Directive,
+    Message,
+    Unjudged,
+    Verdict,
+    from_search_judge,
+)
+from mhsafeeval.search import SearchRun
+from mhsafeeval.search._controller import MapElitesController
+from mhsafeeval.search._uct_controller import UCTController, UCTOptions
+from mhsafeeval.storage import MemoryEventStore
+from mhsafeeval.taxonomy import builtin_taxonomy
+from mhsafeeval.testing import Recorder, scripted_models
+
+pytestmark = pytest.mark.anyio
+
+CELLS = builtin_taxonomy().cell_ids()
+Cell = tuple[str, str]
+
+
+def unit(*parts: object) -> float:
+    text = "\x1f".join(map(str, parts))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
+
+
+class World(Agent):
+    """Answers every directive with a verdict: with the cell's rate a harm of severity 2 (up
+    to ``2 + spread - 1``, uniformly), else 1."""
+
+    def __init__(self, rates: dict[Cell, float], seed: int, spread: int = 1) -> None:
+        super().__init__()
+        self.rates, self.seed, self.spread = rates, seed, spread
+
+    @on(Directive)
+    def answer(self, d: Directive) -> None:
+        rate = self.rates.get((d.category, d.role), 0.0)
+        hit = unit(self.seed, d.conversation, d.turn, d.attempt) < rate
+        worst = int(
+            2 + self.spread * unit("severity", self.seed, d.conversation, d.turn, d.attempt)
+        )
+        self.publish(
+            Verdict(
+                **d.child_ids(key="rubric"),
+                category=d.category,
+                role=d.role,
+                severity=worst if hit else 1,
+                label="l",
+                reasoning="r",
+            )
+        )
+
+
+async def search(
+    controller: Agent,
+    rates: dict[Cell, float],
+    conversations: int,
+    max_turns: int,
+    seed: int,
+    spread: int = 1,
+) -> list[Directive]:
+    """The directives ``controller`` gives over ``conversations`` conversations, one at a time."""
+    seen = Recorder()
+    async with Runtime() as rt:
+        rt.add(controller, name="controller")
+        rt.add(World(rates, seed, spread), name="judge")  # the search judge
+        rt.subscribe(seen, name="seen")
+        for n in range(conversations):
+            rt.publish(
+                ConversationStarted(
+                    campaign="c",
+                    conversation=f"c/m/p/{n}",
+                    counselor_model="m",
+                    profile_id="p",
+                    max_turns=max_turns,
+                )
+            )
+            await rt.run_until_idle()
+    return [m for m in seen.messages if isinstance(m, Directive)]
+
+
+def filled_after(directives: Iterable[Directive], rates: dict[Cell, float], seed: int) -> list[int]:
+    """How many distinct cells had given way after each directive."""
+    found: set[Cell] = set()
+    out = []
+    for d in directives:
+        if unit(seed, d.conversation, d.turn, d.attempt) < rates.get((d.category, d.role), 0.0):
+            found.add((d.category, d.role))
+        out.append(len(found))
+    return out
+
+
+# One easy cell, a handful that give way now and then, the rest never.
+EASY: Cell = ("dependency_induction", "enabler")
+SOMETIMES: tuple[Cell, ...] = (
+    ("gaslighting", "facilitator"),
+    ("blaming", "enabler"),
+    ("invalidation", "instigator"),
+    ("over_pathologizing", "perpetrator"),
+    ("toxic_language", "enabler"),
+    ("nonfactual_statement", "facilitator"),
+)
+RATES: dict[Cell, float] = {EASY: 0.9, **{cell: 0.3 for cell in SOMETIMES}}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_uct_covers_cells_rather_than_exploiting_the_easiest(seed: int) -> None:
+    """A success in a cell already filled adds little to the archive: once the easy cell is
+    filled, uct spends its calls finding the other cells that give way, not pressing it."""
+    options = UCTOptions(simulations=8, in_flight=4)
+    uct = UCTController(CELLS, SearchRun(seed=seed), options)
+    directives = await search(uct, RATES, conversations=6, max_turns=3, seed=seed)
+    assert len(directives) == 6 * 3 * 8
+    first = next(i for i, d in enumerate(directives) if (d.category, d.role) == EASY)
+    later = directives[first + 1 :]
+    on_easy = sum((d.category, d.role) == EASY for d in later) / len(later)
+    assert on_easy < 0.25  # exploiting, most of its calls would go there
+    reachable = 1 + len(SOMETIMES)
+    assert filled_after(directives, RATES, seed)[-1] > reachable / 3
+
+
+def map_elites(seed: int, **targeting: object) -> MapElitesController:
+    run = SearchRun(seed=seed, max_attempts=1)
+    options = UCTOptions(**targeting)  # type: ignore[arg-type]
+    return MapElitesController(CELLS, run, options)
+
+
+NEVER = set(CELLS[3::7])  # 4 cells that never give way
+GIVING = {cell: 0.3 for cell in CELLS if cell not in NEVER}  # at severities 2 to 5
+
+
+async def never_shares(controller: MapElitesController, seed: int) -> list[float]:
+    """The share of each fifth of the targets that went to the cells that never give way."""
+    directives = await search(controller, GIVING, 100, 6, seed, spread=4)
+    assert {(d.category, d.role) for d in directives} == set(CELLS)  # every cell was tried
+    never = [(d.category, d.role) in NEVER for d in directives]
+    fifth = len(never) // 5
+    return [sum(never[i * fifth : (i + 1) * fifth]) / fifth for i in range(5)]
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+async def test_cells_that_never_give_way_get_a_shrinking_share_of_targets(seed: int) -> None:
+    """The give-up rule: every failed attempt at a cell lowers its posterior success rate, so
+    once its neighbours are filled map-elites targets a cell that was never harmed less and
+    less often while others can still gain (the paper's rule draws empty cells uniformly for
+    ever: once the others are filled, every target is one that never gives way)."""
+    shares = await never_shares(map_elites(seed), seed)
+    assert shares[-1] < max(shares[:-1])
+    assert shares[-1] < 0.5
+
+
+async def test_the_give_up_rule_can_be_switched_off() -> None:
+    shares = await never_shares(map_elites(4, give_up=False), 4)
+    assert shares[-1] > 0.9  # the paper's rule: the empty cells, for ever
+
+
+def test_a_cell_that_keeps_failing_is_drawn_less_and_less() -> None:
+    """The pure rule: the more failures a never-harmed cell has, the smaller its share of the
+    targets against a cell that succeeds half the time; never zero."""
+    from mhsafeeval.search.archive import HarmArchive
+    from mhsafeeval.search.evidence import CellEvidence
+
+    archive = HarmArchive(CELLS[:2])
+    stubborn, other = CELLS[0], CELLS[1]
+    odds = CellEvidence()
+    for k in range(10):
+        odds.record(other, success=k % 2 == 0)
+    rng = Random(9)
+    shares = []
+    for _ in range(4):
+        shares.append(sum(odds.pick(archive, rng) == stubborn for _ in range(2000)) / 2000)
+        for _ in range(2):
+            odds.record(stubborn, success=False)
+    assert shares == sorted(shares, reverse=True) and shares[0] > 3 * shares[-1] > 0
+
+
+# -- no duplicate moves -----------------------------------------------------------------------
+
+
+async def test_uct_without_role_conditioning_offers_one_move_per_category_and_operator() -> None:
+    """The mutator is told no role, so the 4 role cells of a category would be one move four
+    times, and change_role would be a vary: neither is offered."""
+    run = SearchRun(seed=3, role_conditioning=False)
+    uct = UCTController(CELLS, run, UCTOptions(simulations=7, in_flight=1))
+    directives = await search(uct, {}, conversations=2, max_turns=2, seed=3)
+    assert directives and all(not d.role_conditioning for d in directives)
+    for turn in {(d.conversation, d.turn) for d in directives}:
+        moves = [(d.category, d.operator) for d in directives if (d.conversation, d.turn) == turn]
+        assert len(moves) == len(set(moves)) == 7  # nothing works: 7 distinct moves
+    rates = {cell: 0.6 for cell in CELLS}
+    uct = UCTController(CELLS, run, UCTOptions(simulations=12, in_flight=2))
+    directives = await search(uct, rates, conversations=4, max_turns=3, seed=3)
+    assert "change_role" not in {d.operator for d in directives}
+    assert {d.operator for d in directives} > {"fresh"}  # mutations were offered
+
+
+@pytest.mark.parametrize("role_conditioning", [True, False])
+async def test_map_elites_offers_change_role_only_with_role_conditioning(
+    role_conditioning: bool,
+) -> None:
+    run = SearchRun(seed=2, max_attempts=1, role_conditioning=role_conditioning)
+    rates = {cell: 0.4 for cell in CELLS}
+    directives = await search(
+        MapElitesController(CELLS, run), rates, conversations=10, max_turns=6, seed=2
+    )
+    operators = Counter(d.operator for d in directives)
+    assert (operators["change_role"] > 0) == role_conditioning
+    assert operators["change_category"] > 0
+
+
+# -- the budget drain --------------------------------------------------------------------------
+
+BUDGET_CONFIG = """
+[campaign]
+name = "drain"
+seed = 2
+max_turns = 3
+max_attempts = 3
+concurrency = 3
+controller = "uct"
+profile_ids = ["grief-widower", "panic-disorder-bus-driver", "depression-laid-off-engineer"]
+
+[search]
+simulations = 6
+in_flight = 4
+
+[budget]
+counselor_calls = {calls}
+"""
+
+
+async def drain(store: MemoryEventStore, calls: int) -> list[Message]:
+    config = parse_config(BUDGET_CONFIG.format(calls=calls) + scripted_models(), "drain.toml")
+    await run_campaign(config, store)
+    return [e.message async for e in store.events("drain") if e.message is not None]
+
+
+def coords(msg: Message) -> tuple[str, int, int, str]:
+    return (msg.conversation, msg.turn, msg.attempt, msg.branch)
+
+
+def judged(events: list[Message]) -> Counter[tuple[str, int, int, str]]:
+    return Counter(
+        coords(e) for e in events if isinstance(e, Verdict | Unjudged) and from_search_judge(e)
+    )
+
+
+@pytest.mark.parametrize("calls", [7, 13])
+async def test_replies_paid_for_at_the_budget_are_judged_once_and_never_bought_again(
+    calls: int,
+) -> None:
+    async with MemoryEventStore() as store:
+        stopped = await drain(store, calls)
+        replies = [coords(e) for e in stopped if isinstance(e, CounselorReply)]
+        assert len(replies) == calls
+        assert set(judged(stopped)) == set(replies)  # every paid reply judged
+        resumed = await drain(store, calls + 9)
+    replies = [coords(e) for e in resumed if isinstance(e, CounselorReply)]
+    assert len(replies) == len(set(replies)) == calls + 9  # none bought twice
+    assert set(judged(resumed)) == set(replies)
+    assert max(judged(resumed).values()) == 1  # none judged twice
