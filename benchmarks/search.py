@@ -152,9 +152,9 @@ def sustained(messages: Sequence[ChatMessage], params: CallParams) -> str:
 
 # world -> (registered counselor script, what the header says about it)
 WORLDS = {
-    "fixed": ("weak-counselor", f"fixed slip rates {WEAK}"),
+    "fixed": ("bench-weak-counselor", f"fixed slip rates {WEAK}"),
     "sustained": (
-        "sustained-counselor",
+        "bench-sustained-counselor",
         f"slip rate base * (1 + earlier pushes of the category), base {SUSTAINED}",
     ),
 }
@@ -174,7 +174,7 @@ async def campaign(
     simulations: int = 20,
     prefix: str = "",
     samples: int = 2,
-    counselor: str = "weak-counselor",
+    counselor: str = "bench-weak-counselor",
     overrides: Sequence[str] = (),
 ) -> list[Message]:
     text = CONFIG.format(
@@ -231,7 +231,7 @@ def figures(events: list[Message]) -> tuple[list[float], list[float], float, int
 async def turn_time(simulations: int, turns: int = 1) -> float:
     """Seconds per turn of one conversation of ``turns`` turns, every call slow."""
     text = CONFIG.format(
-        counselor="weak-counselor",
+        counselor="bench-weak-counselor",
         threshold=THRESHOLD,
         controller="uct",
         seed=1,
@@ -917,13 +917,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="a config line for every campaign (as `mhsafeeval run --set`); repeatable",
     )
     args = parser.parse_args(argv)
-    register_script("weak-counselor", weak)
-    register_script("sustained-counselor", sustained)
+    register_script("bench-weak-counselor", weak)
+    register_script("bench-sustained-counselor", sustained)
     for name, script in [
         ("demo-client", demo_client),
         ("demo-mutator", demo_mutator),
         ("demo-judge", demo_judge),
-        ("weak-counselor", weak),
+        ("bench-weak-counselor", weak),
     ]:
         register_script("slow-" + name, slow(script, args.latency))
 

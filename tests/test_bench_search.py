@@ -174,8 +174,8 @@ def test_the_table_prints(bench: ModuleType, capsys: pytest.CaptureFixture[str])
 
 
 def test_the_fixed_world_still_runs(bench: ModuleType) -> None:
-    register_script("weak-counselor", bench.weak)
-    events = anyio.run(bench.campaign, "random", 0, 20, "", 2, "weak-counselor")
+    register_script("bench-weak-counselor", bench.weak)
+    events = anyio.run(bench.campaign, "random", 0, 20, "", 2, "bench-weak-counselor")
     cold, warm, per_call, cells = bench.figures(events)
     assert len(cold + warm) == len(bench.PROFILES)
     assert 0 <= per_call <= 1 and 0 <= cells <= 28

@@ -147,6 +147,11 @@ concurrency = 1
 judge_max_asks = 2
 profile_ids = ["grief-widower"]
 {tables}
+# What is tested here is the provider against llama.cpp's server; confirming candidates
+# would only add judge calls on this CPU (tests/test_findings.py covers it).
+[confirm]
+raters = "off"
+
 [models.judge]{hosted}max_tokens = 320
 temperature = 0.0
 
