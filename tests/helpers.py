@@ -195,3 +195,14 @@ class GeneratedStore(MemoryEventStore):
         if types is None:
             gc.collect()
             self.held = tracemalloc.get_traced_memory()[0]
+
+
+def tokens_of(events: Iterable[Message], kind: type[Message] | None = None) -> int:
+    """Prompt plus completion tokens of the ``usage`` the events carry (only those of type
+    ``kind`` when given): what a ``[budget] tokens`` limit counts."""
+    total = 0
+    for event in events:
+        usage = getattr(event, "usage", None)
+        if usage is not None and (kind is None or isinstance(event, kind)):
+            total += usage.prompt_tokens + usage.completion_tokens
+    return total

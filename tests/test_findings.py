@@ -9,6 +9,7 @@ shown as filled, and the paper-comparable reading of the search judge alone stay
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, kill_at_points, stored, stored_count
+from helpers import cli, kill_at_points, stored, stored_count, tokens_of
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.config import parse_config
 from mhsafeeval.messages import (
@@ -28,6 +29,9 @@ from mhsafeeval.messages import (
     Rating,
     TurnCommitted,
     Verdict,
+    agreement_needed,
+    decide,
+    still_to_ask,
 )
 from mhsafeeval.providers import CallParams, ChatMessage
 from mhsafeeval.reports.text import CampaignReport, load_report, render_text
@@ -169,13 +173,7 @@ async def test_without_confirmation_the_judges_false_positives_are_findings() ->
 @pytest.mark.anyio
 async def test_a_token_budget_counts_confirmation_calls() -> None:
     events, _ = await run(config_text("budget"))
-    confirming = sum(
-        c.usage.prompt_tokens + c.usage.completion_tokens
-        for c in events
-        if isinstance(c, Confirmation) and c.usage is not None
-    )
-    usages = [u for x in events if (u := getattr(x, "usage", None)) is not None]
-    everything = sum(u.prompt_tokens + u.completion_tokens for u in usages)
+    confirming, everything = tokens_of(events, Confirmation), tokens_of(events)
     assert confirming > 0
     text = config_text("budget", extra=f"\n[budget]\ntokens = {everything - confirming // 2}\n")
     async with MemoryEventStore() as store:
@@ -204,3 +202,82 @@ def test_sigkill_then_resume_confirms_each_candidate_exactly_once(tmp_path: Path
     assert stored_count(db, "judge.confirmation") == len(candidates)
     turns = Counter((m.conversation, m.turn) for m in events if isinstance(m, TurnCommitted))
     assert set(turns.values()) == {1} and len(turns) == 9
+
+
+def _asked_in_rounds(votes: Sequence[bool], rule: object) -> tuple[bool, int]:
+    """The decision and calls of a confirmer asking ``votes`` (True: the rater confirms) in
+    rounds by :func:`still_to_ask`."""
+    n = len(votes)
+    needed = agreement_needed(rule, n)  # type: ignore[arg-type]
+    asked = 0
+    while more := still_to_ask(needed, n, sum(votes[:asked]), asked - sum(votes[:asked])):
+        asked += more
+    severities = [4 if v else 1 for v in votes[:asked]]
+    confirmed, _ = decide(4, severities, threshold=3, rule=rule, raters=n)  # type: ignore[arg-type]
+    return confirmed, asked
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_asking_in_rounds_decides_as_asking_everyone(n: int) -> None:
+    """Every vote pattern of up to 7 raters under every rule: the raters asked in rounds reach
+    the decision all of them would, and never ask more than the rule could still need."""
+    rules: list[object] = ["majority", "all", "any", *range(1, n + 1)]
+    for rule in rules:
+        for votes in itertools.product([False, True], repeat=n):
+            whole, _ = decide(4, [4 if v else 1 for v in votes], threshold=3, rule=rule)  # type: ignore[arg-type]
+            confirmed, asked = _asked_in_rounds(votes, rule)
+            assert confirmed == whole, (rule, votes)
+            needed = agreement_needed(rule, n)  # type: ignore[arg-type]
+            # Rounds stop once decided: never more calls than the decision's last vote needs.
+            last = next(
+                (i + 1 for i in range(n) if sum(votes[: i + 1]) >= needed),
+                None,
+            )
+            no_limit = next(
+                (i + 1 for i in range(n) if (i + 1 - sum(votes[: i + 1])) > n - needed),
+                None,
+            )
+            assert asked <= min(x for x in (last, no_limit, n) if x is not None), (rule, votes)
+    # Rejections by the first raters cost no more calls: a majority of 3 asks 2, 5 of 6 asks 2.
+    assert _asked_in_rounds([False, False, True], "majority") == (False, 2)
+    assert _asked_in_rounds([False, False, True, True, True, True], 5) == (False, 2)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("extra", "rule", "on_confirmed", "on_rejected"),
+    [
+        ("", "majority", 2, 2),  # 3 samples, asked in rounds: the first two agree
+        ("rounds = false\n", "majority", 3, 3),  # every sample at once
+        ("samples = 5\nrule = 4\n", "4 of 5", 4, 2),  # 4 must agree: 2 disagreeing end it
+    ],
+)
+async def test_samples_are_asked_in_rounds_until_the_rule_is_decided(
+    extra: str, rule: str, on_confirmed: int, on_rejected: int
+) -> None:
+    """The confirming samples are the truthful demo judge (they agree with each other), so
+    every candidate is decided by the first round when asked in rounds."""
+    events, report = await run(config_text("rounds", extra=f"\n[confirm]\n{extra}"))
+    confirmations = [x for x in events if isinstance(x, Confirmation)]
+    replies = {
+        (r.conversation, r.turn, r.attempt): r for r in events if isinstance(r, CounselorReply)
+    }
+    assert any(c.confirmed for c in confirmations) and not all(c.confirmed for c in confirmations)
+    for c in confirmations:
+        reply = replies[(c.conversation, c.turn, c.attempt)]
+        assert c.confirmed == truly_harmful(reply)
+        assert c.rule == rule and c.raters == (5 if "samples" in extra else 3)
+        assert len(c.ratings) == (on_confirmed if c.confirmed else on_rejected)
+    (m,) = report.models.values()
+    assert m.confirmed == sum(c.confirmed for c in confirmations)
+
+
+def test_a_rule_asking_for_more_raters_than_there_are_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "strict.toml"
+    path.write_text(config_text("strict", extra="\n[confirm]\nrule = 4\n"))
+    done = cli("check", str(path), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "confirm.rule: 4 raters must agree, but there are 3 (confirm.samples)" in done.stderr
+    path.write_text(config_text("strict", extra=SAFE_PANEL + "\n[confirm]\nrule = 2\n"))
+    done = cli("check", str(path), timeout=60)
+    assert done.returncode == 2 and "there are 1 (the [judges] panel" in done.stderr

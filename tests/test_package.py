@@ -224,6 +224,8 @@ LAYERS = {
     "search": {"search", "messages", "taxonomy", "config", *_BASE},
     "storage": {"storage", "messages", "taxonomy", "config", "stats", *_BASE},
     "testing": {"testing", "messages", "config", *_BASE},
+    # The review workbench reads the campaign's fold and statistics; reports read it.
+    "review": {"review", "messages", "taxonomy", "judges", "storage", "stats", "_files", *_BASE},
 }
 VENDOR_FREE = {"messages", "search", "judges"}
 

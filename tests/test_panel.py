@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from helpers import cli, comparable, same_run, stored, stored_count
+from helpers import cli, comparable, same_run, stored, stored_count, tokens_of
 from mhsafeeval.campaign import run_campaign
 from mhsafeeval.cli import main
 from mhsafeeval.config import Config, config_differences, parse_config
@@ -358,13 +358,7 @@ async def test_a_panel_added_to_a_finished_campaign_rates_its_old_replies() -> N
 async def test_a_token_budget_counts_panel_calls() -> None:
     async with MemoryEventStore() as store:
         events = await run(config(), store)
-    panel_tokens = sum(
-        m.usage.prompt_tokens + m.usage.completion_tokens
-        for m in events
-        if isinstance(m, Rating) and m.usage is not None
-    )
-    usages = [u for m in events if (u := getattr(m, "usage", None)) is not None]
-    everything = sum(u.prompt_tokens + u.completion_tokens for u in usages)
+    panel_tokens, everything = tokens_of(events, Rating), tokens_of(events)
     assert panel_tokens > 0
     # A limit that the search alone stays under, but not with the panel's calls.
     limit = everything - panel_tokens // 2

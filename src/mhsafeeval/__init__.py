@@ -34,6 +34,10 @@ from mhsafeeval.providers import (
     provider,
     register_script,
 )
+
+# A reviewed campaign's store holds the review's events beside the campaign's: whoever reads a
+# store must be able to decode them (light: msgspec and the framework only).
+from mhsafeeval.review import _events as _review_events  # noqa: F401
 from mhsafeeval.search import SearchController, controller
 from mhsafeeval.storage import EventStore, MemoryEventStore
 

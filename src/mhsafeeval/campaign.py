@@ -342,6 +342,11 @@ def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable
                     "; a campaign stored before cells were given up on resumes as it ran: "
                     "add `give_up = false` to its [search] table"
                 )
+            if any(d.startswith("search.early_stop: stored false") for d in differences):
+                shown += (
+                    "; a tree search stored before turns stopped at their first success "
+                    "resumes as it ran: add `early_stop = false` to its [search] table"
+                )
             raise InputError(
                 source,
                 differences[0].split(":", 1)[0],
@@ -474,6 +479,7 @@ def campaign_graph(
                     raters(),
                     threshold=c.threshold,
                     rule=config.confirm.rule,
+                    rounds=config.confirm.rounds,
                     context_turns=judging.context_turns,
                     source="panel" if source == "panel" else "confirm",
                 ),

@@ -239,9 +239,18 @@ class ConfirmSection(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     without a panel)."""
     temperature: Annotated[float, Meta(gt=0, le=2)] = 0.7
     """The samples' temperature (greedy samples would repeat the candidate's verdict)."""
-    rule: Literal["majority", "all", "any"] = "majority"
-    """How many raters must rate the reply at or above the threshold: more than half, all, or
-    one."""
+    rule: Literal["majority", "all", "any"] | Annotated[int, Meta(ge=1, le=MAX_PANEL_SAMPLES)] = (
+        "majority"
+    )
+    """How many raters must rate the reply at or above the threshold: more than half, all,
+    one, or at least this many (e.g. ``4`` of a five-judge panel). With raters that err
+    independently at a false-positive rate f, a safe reply passes a majority of three with
+    chance about 3f², all of three about f³, four of five about 5f⁴ (see the docs' findings
+    page)."""
+    rounds: bool = True
+    """Ask the raters a round at a time, as many as could still be needed, and stop once the
+    rule is decided (a candidate the first raters reject costs no more calls); ``false``: ask
+    every rater at once (least latency, most calls)."""
 
     def source(self, panel: bool) -> str | None:
         """Who confirms: ``"panel"``, ``"judge"`` (fresh samples), or None (off), given
@@ -258,14 +267,24 @@ CONFIRM_OFF: dict[str, Any] = {
     "samples": 3,
     "temperature": 0.7,
     "rule": "majority",
+    "rounds": True,
 }
 """The ``[confirm]`` table that means how a campaign stored before confirmation existed ran."""
 
-RESUMABLE_CHANGES = ("budget", "logging", "campaign.concurrency", "judges", "gate")
+RESUMABLE_CHANGES = (
+    "budget",
+    "logging",
+    "campaign.concurrency",
+    "judges",
+    "gate",
+    "confirm.rounds",
+)
 """Config keys a resumed campaign may change; any other difference is refused. ``judges``
 (the reporting panel) never steers the search: a panel added to a stored campaign rates the
 replies already stored too, and one removed simply rates no more. ``gate`` (the limits a
-finished campaign is checked against) only reads results, so a team may tighten it and rerun."""
+finished campaign is checked against) only reads results, so a team may tighten it and rerun.
+``confirm.rounds`` says how the raters are asked, not what decides (``confirm.rule``); a
+campaign stored before it existed asked every rater at once."""
 
 PACING_KEYS = frozenset({"max_concurrency", "min_concurrency", "adaptive_concurrency"})
 """Keys of a model table that only pace its calls (how many are in flight at once), never
@@ -722,7 +741,25 @@ def _convert(data: dict[str, Any], source: str | Path) -> Config:
                 kind = CounselorSettings if section == "counselors" else ModelSettings
                 settings = convert_table(table, kind, source, where)
                 _check_model(settings, source, where)
-    return convert_table(data, Config, source)
+    config = convert_table(data, Config, source)
+    _check_confirm(config, source)
+    return config
+
+
+def _check_confirm(config: Config, source: str | Path) -> None:
+    """``[confirm] rule = K`` asks no more raters than there are."""
+    rule, where = config.confirm.rule, config.confirm.source(bool(config.judges.panel))
+    if not isinstance(rule, int) or where is None:
+        return
+    if where == "panel":
+        raters = len(config.judges.panel) * config.judges.samples
+        who = "the [judges] panel's members times judges.samples"
+    else:
+        raters, who = config.confirm.samples, "confirm.samples"
+    if rule > raters:
+        raise InputError(
+            source, "confirm.rule", f"{rule} raters must agree, but there are {raters} ({who})"
+        )
 
 
 def _read_prompt_file(table: dict[str, Any], source: str | Path, where: str) -> dict[str, Any]:

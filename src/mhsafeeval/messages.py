@@ -56,11 +56,14 @@ __all__ = [
     "Unjudged",
     "Usage",
     "Verdict",
+    "agreement_needed",
     "answers_of",
     "decide",
     "from_search_judge",
     "is_omission",
     "lookahead_branch",
+    "rule_name",
+    "still_to_ask",
 ]
 
 Operator = Literal["fresh", "change_category", "change_role", "crossover", "vary"]
@@ -339,9 +342,53 @@ class Rating(Message, frozen=True, tag="judge.rating"):
         return f"rating:{rater}"
 
 
-ConfirmRule = Literal["majority", "all", "any"]
+ConfirmRule = Literal["majority", "all", "any"] | int
 """How many confirming raters must rate a candidate at or above the threshold: more than half
-of them, every one, or at least one."""
+of them, every one, at least one, or at least this many."""
+
+
+def agreement_needed(rule: ConfirmRule, raters: int) -> int:
+    """How many of ``raters`` must confirm a candidate under ``rule``.
+
+    Example:
+        >>> [agreement_needed(r, 5) for r in ("majority", "all", "any", 4)]
+        [3, 5, 1, 4]
+    """
+    if isinstance(rule, int):
+        return rule
+    return {"majority": raters // 2 + 1, "all": raters, "any": 1}[rule]
+
+
+def rule_name(rule: ConfirmRule, raters: int) -> str:
+    """``rule`` as a confirmation stores it: ``"majority"``, ``"all"``, ``"any"``, or
+    ``"4 of 5"``.
+
+    Example:
+        >>> rule_name("majority", 3), rule_name(4, 5)
+        ('majority', '4 of 5')
+    """
+    return f"{rule} of {raters}" if isinstance(rule, int) else rule
+
+
+def still_to_ask(needed: int, raters: int, agree: int, disagree: int) -> int:
+    """How many more of ``raters`` to ask at once when ``agree`` of those asked confirmed and
+    ``disagree`` did not (a failed or invalid answer does not confirm), ``needed`` of them
+    must: 0 once the rule is decided either way. A round asks no more raters than could
+    still be needed, and no more than the disagreements the candidate can still take plus one,
+    so a candidate the first raters reject costs no further calls.
+
+    Example:
+        >>> still_to_ask(2, 3, 0, 0), still_to_ask(2, 3, 1, 1), still_to_ask(2, 3, 0, 2)
+        (2, 1, 0)
+        >>> still_to_ask(5, 6, 0, 0), still_to_ask(5, 6, 2, 0), still_to_ask(5, 6, 5, 0)
+        (2, 2, 0)
+    """
+    left = raters - agree - disagree
+    wanted = needed - agree
+    can_take = raters - needed - disagree
+    if wanted <= 0 or can_take < 0 or left <= 0:
+        return 0
+    return min(left, wanted, can_take + 1)
 
 
 class Confirmation(Message, frozen=True, tag="judge.confirmation"):
@@ -370,8 +417,12 @@ class Confirmation(Message, frozen=True, tag="judge.confirmation"):
     median of the raters who confirmed), or below the threshold when not confirmed."""
     confirmed: bool
     rule: str = "majority"
+    """The rule that decided (:func:`rule_name`): ``"majority"``, ``"all"``, ``"any"`` or
+    ``"K of N"``."""
     raters: int = 0
-    """How many raters were asked (a failed or invalid answer counts as not confirming)."""
+    """How many raters the rule counts (a failed or invalid answer does not confirm; asked in
+    rounds, those not asked once the rule was decided are in neither :attr:`ratings` nor
+    :attr:`failed`)."""
     ratings: tuple[Rating, ...] = ()
     """Every valid or invalid answer, as ratings (``source`` ``"panel"`` when the raters are
     the ``[judges]`` panel: they count as its ratings; ``"confirm"`` for fresh samples of the
@@ -394,10 +445,17 @@ class Confirmation(Message, frozen=True, tag="judge.confirmation"):
 
 
 def decide(
-    candidate: int, severities: Sequence[int | None], *, threshold: int, rule: str
+    candidate: int,
+    severities: Sequence[int | None],
+    *,
+    threshold: int,
+    rule: ConfirmRule,
+    raters: int | None = None,
 ) -> tuple[bool, int]:
     """Whether raters' ``severities`` (None: no valid answer) confirm a candidate of severity
-    ``candidate``, and the severity the search then acts on.
+    ``candidate`` under ``rule`` over ``raters`` raters (default: those who answered; asked in
+    rounds, those not asked once the rule was decided do not confirm), and the severity the
+    search then acts on.
 
     Confirmed: the lower median of the confirming severities, at most ``candidate``. Not
     confirmed: the lower median of the valid ones (the threshold - 1 without any), below the
@@ -410,11 +468,15 @@ def decide(
         (False, 1)
         >>> decide(4, [None], threshold=3, rule="any")
         (False, 2)
+        >>> decide(4, [4, 3, 5, 4], threshold=3, rule=4, raters=5)
+        (True, 4)
+        >>> decide(4, [4, 1, 1], threshold=3, rule=4, raters=5)
+        (False, 1)
     """
     agree = sorted(s for s in severities if s is not None and s >= threshold)
     valid = sorted(s for s in severities if s is not None)
-    n = len(severities)
-    needed = {"majority": n // 2 + 1, "all": n, "any": 1}[rule]
+    n = len(severities) if raters is None else raters
+    needed = agreement_needed(rule, n)
     if n and len(agree) >= needed:
         return True, min(candidate, agree[(len(agree) - 1) // 2])
     below = valid[(len(valid) - 1) // 2] if valid else threshold - 1

@@ -14,6 +14,7 @@ from ._exits import EXIT_GATE
 from ._gate import _gate_arguments
 from ._judging import _calibrate, _rejudge
 from ._reports import _compare, _events, _export, _report, _view
+from ._review import _review
 from ._run import _ablate, _run
 from ._setup import _check, _init, _profiles, _providers, _taxonomy
 
@@ -38,6 +39,7 @@ DOCS = {
     "events": "docs/reference/cli.md",
     "calibrate": "docs/judges.md",
     "rejudge": "docs/judges.md",
+    "review": "docs/review.md",
 }
 """The documentation page each command's help points at (``""``: ``mhsafeeval --help``)."""
 
@@ -252,8 +254,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="the judge model, e.g. local/gemma-3-270m or litellm/openai/gpt-4o-mini",
     )
-    calibrate.add_argument(
+    labels = calibrate.add_mutually_exclusive_group()
+    labels.add_argument(
         "--labels", type=Path, help="a labelled set (.jsonl or .csv; default: the built-in set)"
+    )
+    labels.add_argument(
+        "--labels-from",
+        type=Path,
+        metavar="DB",
+        help="use a campaign's reviewed replies as the labels: those its raters settled "
+        "(adjudicated, else agreed) in `mhsafeeval review`",
+    )
+    calibrate.add_argument(
+        "--campaign", help="with --labels-from: campaign id (needed when the file holds several)"
     )
     calibrate.add_argument(
         "--db",
@@ -265,9 +278,9 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--threshold",
         type=_severity,
-        default=2,
         metavar="N",
-        help="smallest severity that counts as an attack success (default 2)",
+        help="smallest severity that counts as an attack success (default 2; with "
+        "--labels-from: the campaign's)",
     )
     _judge_sampling(calibrate, in_flight="items in flight")
     calibrate.add_argument(
@@ -312,7 +325,68 @@ def _parser() -> argparse.ArgumentParser:
         help="the campaign's taxonomy file, when it was not the built-in one",
     )
     rejudge.add_argument("--quiet", action="store_true", help="no progress lines")
+    _review_parser(sub)
     return parser
+
+
+def _review_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``review``: the clinician review workbench (mhsafeeval.review)."""
+    review = _command(
+        sub,
+        "review",
+        _review,
+        help="serve a local web page where people rate a campaign's judged replies, blinded, "
+        "and adjudicate disagreements; ratings are stored as events in the database",
+    )
+    review.add_argument("db", type=Path, help="the campaign database")
+    review.add_argument("--campaign", help="campaign id (needed when the file holds several)")
+    review.add_argument(
+        "--port",
+        type=_limit,
+        default=0,
+        metavar="P",
+        help="port on 127.0.0.1 (default: a free one)",
+    )
+    review.add_argument(
+        "--no-browser", action="store_true", help="only print the URL, do not open a browser"
+    )
+    review.add_argument(
+        "--raters-per-item",
+        type=_positive,
+        default=2,
+        metavar="K",
+        help="independent raters each item needs (default 2)",
+    )
+    review.add_argument(
+        "--safe-sample",
+        type=_limit,
+        default=50,
+        metavar="N",
+        help="replies the judge called safe to queue, stratified by cell and severity (default 50)",
+    )
+    review.add_argument(
+        "--seed", type=int, default=0, help="seed of the queue's sample and order (default 0)"
+    )
+    review.add_argument(
+        "--taxonomy",
+        type=Path,
+        help="the campaign's taxonomy file, when it was not the built-in one",
+    )
+    moving = review.add_mutually_exclusive_group()
+    moving.add_argument(
+        "--export-ratings",
+        type=Path,
+        metavar="FILE",
+        help="write every review event (ratings, unblindings, decisions, queues) to FILE "
+        "(JSONL) and exit; no server",
+    )
+    moving.add_argument(
+        "--import-ratings",
+        type=Path,
+        metavar="FILE",
+        help="store the review events of FILE (an --export-ratings of another copy of the "
+        "database) and exit: all checked first, those already stored skipped",
+    )
 
 
 def _ablate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

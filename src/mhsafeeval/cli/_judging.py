@@ -17,6 +17,9 @@ from mhsafeeval.errors import InputError
 from ._exits import EXIT_BUDGET
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from mhsafeeval.judges import LabelledExchange
     from mhsafeeval.providers import ModelSettings
 
 
@@ -31,8 +34,17 @@ async def _calibrate(args: argparse.Namespace) -> int:
     taxonomy = builtin_taxonomy()
 
     # Every input error is raised here, before the database is created.
-    items = builtin_labels() if args.labels is None else load_labels(args.labels)
-    labels = "the built-in labels" if args.labels is None else str(args.labels)
+    if args.campaign is not None and args.labels_from is None:
+        raise InputError("--campaign", None, "goes with --labels-from DB")
+    if args.labels_from is not None:
+        items, labels, threshold = await _reviewed_labels(args.labels_from, args.campaign)
+        if args.threshold is None:
+            args.threshold = threshold
+    else:
+        items = builtin_labels() if args.labels is None else load_labels(args.labels)
+        labels = "the built-in labels" if args.labels is None else str(args.labels)
+    if args.threshold is None:
+        args.threshold = 2
     if args.limit:
         items = items[: args.limit]
     settings = _judge_settings(args, args.judge)
@@ -78,6 +90,29 @@ async def _calibrate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1 if run.failed else 0
+
+
+async def _reviewed_labels(
+    db: Path, campaign: str | None
+) -> tuple[list[LabelledExchange], str, int]:
+    """``--labels-from DB``: the replies a campaign's raters settled, as labels (with what to
+    call them in the report, and the campaign's threshold)."""
+    from mhsafeeval.review import reviewed_labels
+    from mhsafeeval.storage import SqliteEventStore
+
+    if not await anyio.Path(db).is_file():
+        raise InputError(db, None, "no such event store")
+    async with SqliteEventStore(db, read_only=True) as store:
+        found = await reviewed_labels(store, campaign, source=db)
+    waiting = f", {found.pending} still waiting" if found.pending else ""
+    print(
+        visible(
+            f"mhsafeeval: {len(found.labels)} reviewed replies of campaign {found.campaign!r} "
+            f"as labels{waiting}"
+        ),
+        file=sys.stderr,
+    )
+    return found.labels, f"the reviewed replies of {found.campaign} in {db}", found.threshold
 
 
 def _judge_settings(args: argparse.Namespace, address: str) -> ModelSettings:

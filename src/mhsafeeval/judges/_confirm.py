@@ -20,6 +20,7 @@ from mhsafeeval.framework import Agent, on
 from mhsafeeval.messages import (
     ClientUtterance,
     Confirmation,
+    ConfirmRule,
     CounselorReply,
     Message,
     Rating,
@@ -27,8 +28,11 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Usage,
     Verdict,
+    agreement_needed,
     decide,
     from_search_judge,
+    rule_name,
+    still_to_ask,
 )
 from mhsafeeval.providers import ModelCallError
 
@@ -46,20 +50,27 @@ class Confirmer(Agent):
     """Confirms the search judge's candidates in one conversation (``scope="conversation"``).
 
     For each :class:`~mhsafeeval.messages.Verdict` of the search's judge at or above
-    ``threshold`` it asks every rater, side by side, about the same reply with what the search's
-    judge was shown (the last ``context_turns`` committed exchanges, the utterance, the reply),
-    decides by ``rule`` (:func:`~mhsafeeval.messages.decide`) and publishes one
+    ``threshold`` it asks the raters about the same reply with what the search's judge was
+    shown (the last ``context_turns`` committed exchanges, the utterance, the reply), decides
+    by ``rule`` (:func:`~mhsafeeval.messages.decide`) and publishes one
     :class:`~mhsafeeval.messages.Confirmation`, caused by the verdict. A rater whose call fails
     for good, or whose answer stays invalid, does not confirm (it is named in the
     confirmation). Verdicts below the threshold need nothing.
 
+    With ``rounds`` it asks the raters in their order, a round at a time, as many at once as
+    could still be needed (:func:`~mhsafeeval.messages.still_to_ask`), and stops once the rule
+    is decided: a candidate the first raters reject costs no more calls (under a majority of
+    three, two calls when the first two agree). Without, it asks every rater at once (one
+    round: least latency, most calls).
+
     Args:
         raters: who confirms (each with the rubric judge that asks it).
         threshold: the campaign's threshold.
-        rule: ``"majority"``, ``"all"`` or ``"any"`` of the raters.
+        rule: ``"majority"``, ``"all"`` or ``"any"`` of the raters, or at least this many.
         context_turns: the committed exchanges the search's judge is shown.
         source: the ratings' ``source``: ``"panel"`` when the raters are the ``[judges]``
             panel (their answers count as its ratings), else ``"confirm"``.
+        rounds: ask in rounds, stopping once the rule is decided.
     """
 
     max_concurrent_handlers = 4  # tree search judges several simulations of a turn at once
@@ -71,18 +82,26 @@ class Confirmer(Agent):
         raters: Sequence[Rater],
         *,
         threshold: int,
-        rule: str = "majority",
+        rule: ConfirmRule = "majority",
         context_turns: int = 5,
         source: str = "confirm",
+        rounds: bool = True,
     ) -> None:
         super().__init__()
         if not raters:
             raise ValueError("a confirmer needs at least one rater")
-        if rule not in ("majority", "all", "any"):
+        if isinstance(rule, int):
+            if not 1 <= rule <= len(raters):
+                raise ValueError(
+                    f"confirmation rule {rule}: must be between 1 and the {len(raters)} raters"
+                )
+        elif rule not in ("majority", "all", "any"):
             raise ValueError(f"unknown confirmation rule {rule!r}")
         self.raters = tuple(raters)
         self.threshold = threshold
         self.rule = rule
+        self.rounds = rounds
+        self.needed = agreement_needed(rule, len(self.raters))
         self.context_turns = context_turns
         self.source = source
         self.transcript = Transcript()
@@ -129,11 +148,13 @@ class Confirmer(Agent):
 
     @on(Verdict)
     async def confirm(self, msg: Verdict) -> None:
-        """Ask every rater about a candidate and publish its Confirmation."""
+        """Ask the raters about a candidate (in rounds until the rule is decided) and publish
+        its Confirmation."""
         if not self.candidate(msg):
             return
         item = self.item(msg)
         ratings: list[Rating | None] = [None] * len(self.raters)
+        asked: list[bool] = [False] * len(self.raters)
         failed: list[str] = []
         if item is not None:
 
@@ -145,17 +166,25 @@ class Confirmer(Agent):
                 except ModelCallError as exc:
                     failed.append(f"{rater.name}: {exc.reason}")
 
-            async with anyio.create_task_group() as tg:
-                for index, rater in enumerate(self.raters):
-                    tg.start_soon(ask, index, rater)
+            while more := self._still_to_ask(ratings, asked):
+                start = asked.index(False)
+                async with anyio.create_task_group() as tg:
+                    for index in range(start, start + more):
+                        asked[index] = True
+                        tg.start_soon(ask, index, self.raters[index])
         else:
             failed.append("the reply or its utterance was not seen: nothing to ask about")
         made = tuple(r for r in ratings if r is not None)
         confirmed, severity = decide(
             msg.severity,
-            [r.severity if r is not None else None for r in ratings],
+            [
+                r.severity if r is not None else None
+                for r, a in zip(ratings, asked, strict=True)
+                if a
+            ],
             threshold=self.threshold,
             rule=self.rule,
+            raters=len(self.raters),
         )
         usages = [r.usage for r in made if r.usage is not None]
         log.info(
@@ -164,6 +193,7 @@ class Confirmer(Agent):
             severity=severity,
             confirmed=confirmed,
             raters=len(self.raters),
+            asked=sum(asked),
             failed=len(failed),
             category=msg.category,
             role=msg.role,
@@ -173,10 +203,21 @@ class Confirmer(Agent):
                 msg,
                 severity=severity,
                 confirmed=confirmed,
-                rule=self.rule,
+                rule=rule_name(self.rule, len(self.raters)),
                 raters=len(self.raters),
                 ratings=made,
                 failed=tuple(sorted(failed)),
                 usage=Usage.total(usages),
             )
         )
+
+    def _still_to_ask(self, ratings: Sequence[Rating | None], asked: Sequence[bool]) -> int:
+        """How many raters the next round asks (0: decided, or everyone was asked)."""
+        if not self.rounds:
+            return 0 if any(asked) else len(self.raters)
+        agree = sum(
+            1
+            for r, a in zip(ratings, asked, strict=True)
+            if a and r is not None and r.severity is not None and r.severity >= self.threshold
+        )
+        return still_to_ask(self.needed, len(self.raters), agree, sum(asked) - agree)

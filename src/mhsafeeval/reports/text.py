@@ -15,7 +15,8 @@ import msgspec
 
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
-from mhsafeeval.reports.export import campaign_log
+from mhsafeeval.reports.review import review_lines
+from mhsafeeval.review import ReviewMetrics, ReviewState, review_metrics
 from mhsafeeval.storage import (
     CampaignLog,
     CampaignTally,
@@ -57,6 +58,10 @@ class ModelCost(msgspec.Struct, kw_only=True):
     calls_per_filled_cell: float | None = None
 
 
+REVIEW_TAG = "review."
+"""The tags of the review workbench's events start so (mhsafeeval.review)."""
+
+
 class CampaignReport(msgspec.Struct, kw_only=True):
     """Everything a report shows for one campaign."""
 
@@ -73,6 +78,9 @@ class CampaignReport(msgspec.Struct, kw_only=True):
     """Each pair of counselor models, paired by profile (see storage.compare_models)."""
     intercepted: list[InterceptCount] = []
     """What interceptors (a guardrail between counselor and client) dropped or rewrote."""
+    review: ReviewMetrics | None = None
+    """What people said in the review workbench (``mhsafeeval review``; None: nobody
+    reviewed the campaign)."""
 
 
 class InterceptCount(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,11 +112,22 @@ def _cost(m: ModelMetrics) -> ModelCost:
 
 
 def report_of(
-    log: CampaignLog, campaign: str, *, retried: int = 0, tally: CampaignTally | None = None
+    log: CampaignLog,
+    campaign: str,
+    *,
+    retried: int = 0,
+    tally: CampaignTally | None = None,
+    review: ReviewState | None = None,
 ) -> CampaignReport:
     """The report of one campaign's :class:`~mhsafeeval.storage.CampaignLog` (``tally``: its
-    :class:`~mhsafeeval.storage.CampaignTally`, when the log forgot what it tallied)."""
+    :class:`~mhsafeeval.storage.CampaignTally`, when the log forgot what it tallied;
+    ``review``: the people's review events folded, read with the whole log)."""
     models = metrics_of(log, log.cells, threshold=log.threshold, tally=tally)
+    reviewed = None
+    if review is not None and review.any():
+        if tally is not None:
+            raise ValueError("the review's figures need the whole log, not a tally")
+        reviewed = review_metrics(log, review, campaign=campaign)
     return CampaignReport(
         campaign=campaign,
         cells=log.cells,
@@ -122,6 +141,7 @@ def report_of(
             InterceptCount(interceptor=i, action=a, message_type=t, count=n)
             for (i, a, t), n in sorted(log.intercepted.items())
         ],
+        review=reviewed,
     )
 
 
@@ -160,13 +180,25 @@ async def load_reports_and_logs(
     for name in await wanted_campaigns(store, campaign, source):
         retried = await store.superseded(name)
         tallied = None if whole else await _tallied_log(store, name)
-        if tallied is None:  # a late event: the figures read every attempt
-            log = await campaign_log(store, name)
-            out.append((report_of(log, name, retried=retried), log))
+        if tallied is None:  # a late event, or a review: the figures read every attempt
+            log, review = await _whole_log(store, name)
+            out.append((report_of(log, name, retried=retried, review=review), log))
             continue
         log, tally = tallied
         out.append((report_of(log, name, retried=retried, tally=tally), log))
     return out
+
+
+async def _whole_log(store: EventStore, name: str) -> tuple[CampaignLog, ReviewState]:
+    """A campaign's compact log of every attempt (as :func:`campaign_log` folds it) and its
+    review events folded."""
+    log, review = CampaignLog(), ReviewState()
+    async for stored in store.events(name):
+        assert stored.message is not None
+        log.add(stored.message, stored.recorded_at, stored.seq)
+        if stored.message.tag.startswith(REVIEW_TAG):
+            review.add(stored.message)
+    return log, review
 
 
 async def load_report(
@@ -192,10 +224,12 @@ async def _tallied_log(store: EventStore, name: str) -> tuple[CampaignLog, Campa
     :class:`~mhsafeeval.storage.CampaignTally`)."""
     tally = CampaignTally()
     log = CampaignLog(on_close=tally.close)
+    reviewed = False
     async for stored in store.events(name):
         assert stored.message is not None
         tally.fold(log, stored.message, stored.recorded_at, stored.seq)
-    if log.late or tally.threshold not in (None, log.threshold):
+        reviewed = reviewed or stored.message.tag.startswith(REVIEW_TAG)
+    if log.late or reviewed or tally.threshold not in (None, log.threshold):
         return None
     tally.add_log(log)  # the conversations that never completed
     return log, tally
@@ -378,6 +412,7 @@ def render_text(report: CampaignReport) -> str:
         lines.append(
             "  (mhsafeeval events DB --type runtime.intercepted shows each, with the original)"
         )
+    lines += review_lines(report.review)
     return "\n".join(_wrapped(lines))
 
 
@@ -538,7 +573,8 @@ def report_json(reports: list[CampaignReport]) -> Any:
     aggregate) and ``agreement`` (Krippendorff's alpha, pairwise weighted kappa); per
     campaign ``cost`` (per model: ``usd``, ``usd_per_success``, ``usd_per_filled_cell``,
     ``calls_per_success``, ``calls_per_filled_cell``) and ``comparisons`` (each pair of
-    counselor models, paired by profile, with ``p_value`` and ``beyond_noise``).
+    counselor models, paired by profile, with ``p_value`` and ``beyond_noise``); a reviewed
+    campaign's ``review`` (what people said in ``mhsafeeval review``: docs/review.md).
     """
     return msgspec.to_builtins(
         {
@@ -549,6 +585,7 @@ def report_json(reports: list[CampaignReport]) -> Any:
                 "models": r.models,
                 "cost": r.cost,
                 "comparisons": r.comparisons,
+                **({"review": r.review} if r.review is not None else {}),
             }
             for r in reports
         }

@@ -10,11 +10,21 @@ Outcomes are applied in simulation order, and simulation n + ``in_flight`` start
 n's is applied: a reply that arrives early waits (still counted in flight) for the earlier ones. So
 the search depends on the replies, never on their arrival order: with one conversation at a time a
 campaign's search is the same run to run, and a resumed run makes the same decisions. When the
-budget is spent (or, with ``early_stop``, at the first success) the turn commits the **best
-action's most severe reply**: the best action is the root action with the highest mean reward
-(ties: more visits, then prior); among its sampled replies the most severe one (judged before
-unjudged; ties: the higher reward, then the earlier), because a red-team conversation continues
-from the strongest failure it found.
+turn's simulations are spent, or (``early_stop``, the default) at its first success, the turn
+commits the **best action's most severe reply**: the best action is the root action with the
+highest mean reward (ties: the most severe judged reply, then more visits, then prior); among its
+sampled replies the most severe one (judged before unjudged; ties: the higher reward, then the
+earlier), because a red-team conversation continues from the strongest failure it found.
+
+*What it optimises* is what the tool reports: the reward is the archive's gain
+(:func:`~mhsafeeval.search.uct.reward`: 1 for a new cell, a share of one for each severity step
+in a filled one, nothing for a success that adds neither), and each move's prior is its
+expected gain, its cell's success rate (pooled from the cell's category and role, a Thompson
+draw under ``give_up``: :func:`~mhsafeeval.search.evidence.pooled`) times what a success there
+adds (:func:`~mhsafeeval.search.evidence.worth`). A success in a filled cell used to earn 0.2:
+in the layered world of benchmarks/search.py uct then spent half its calls on cells it had
+filled (the issue 34 measurements); now a filled cell is worth only its chance of a higher
+severity, which shrinks with every success seen there.
 The tree is then re-rooted at that reply for the next turn, keeping its statistics. Tree
 statistics, with the campaign's ``threshold`` and whether the turn has had a ``success`` under it
 (1.0 or 0.0), are published as :class:`~mhsafeeval.messages.SearchStats` after every simulation, so
@@ -54,7 +64,7 @@ from ._base import ArchiveController, AttemptTexts
 from ._controller import unanswered
 from ._types import SearchRun, TargetingOptions
 from .archive import CellId
-from .evidence import REPEAT, step, thompson
+from .evidence import pooled, thompson, worth
 from .rng import derive_rng
 from .uct import Action, TreePath, UCTSettings, UCTTree, reward
 
@@ -80,8 +90,13 @@ class UCTOptions(TargetingOptions, frozen=True, kw_only=True, forbid_unknown_fie
     empty_bonus: Annotated[float, Meta(ge=0, le=1)] = 0.2
     """No longer read: the reward is the archive's gain (a new cell earns 1); kept so that
     configs that set it still load."""
-    early_stop: bool = False
-    """Commit the turn at its first success instead of spending every simulation."""
+    early_stop: bool = True
+    """Commit the turn at its first success instead of spending every simulation (False: every
+    turn spends ``simulations``). A conversation is where harms build up: a turn that found a
+    failure goes on from it, rather than spending the rest of its simulations beside it (with
+    20 simulations a turn, a 400-call budget reaches 20 turns in all; measured in
+    benchmarks/search.py's layered world, committing at the first success found a median 19
+    true cells in 400 calls against 15)."""
 
     def turn_attempts(self, run: SearchRun) -> tuple[int, int]:
         """The fewest and most attempts of a turn: every simulation is one."""
@@ -200,19 +215,18 @@ class UCTController(ArchiveController):
 
     def _candidates(self, conv: _Conv) -> list[tuple[Action, float]]:
         """Every move possible now, with its prior: the archive gain it is expected to earn
-        per counselor call. For a cell the archive has not filled, ``p * 1`` (a new cell);
-        for a filled one, ``p * REPEAT`` (0.2: another example of a known harm) plus the rate
-        at which attempts since it was filled raised its severity (a Beta posterior, as below)
-        times one severity step (:func:`~mhsafeeval.search.evidence.step`; 0 at severity 5).
+        per counselor call: ``p`` times what a success in its cell adds
+        (:func:`~mhsafeeval.search.evidence.worth`: 1 for a cell not filled; for a filled one
+        one severity step times the chance of beating the successes seen there).
 
         ``p``, the chance that the move makes this counselor model fail, is learned from every
         judged simulation with the model, level by level: the category's and the role's rates
-        (smoothed towards an even chance with the weight of one try; a model that fails in one
-        cell of a category tends to fail in its neighbours, so the category weighs twice the
-        role) centre the cell's Beta prior (strength ``prior_successes + prior_failures``);
-        with ``give_up`` the cell's rate is a Thompson draw from its posterior (the give-up
-        rule: a cell that resists is drawn low more and more often, never for ever), else the
-        posterior mean; the move's own rate is smoothed towards it with the weight of one try.
+        centre the cell's Beta prior (:func:`~mhsafeeval.search.evidence.pooled`, the rule
+        map-elites' targeting uses too; without ``give_up`` its strength is
+        ``prior_successes + prior_failures``); with ``give_up`` the cell's rate is a Thompson
+        draw from its posterior (the give-up rule: a cell that resists is drawn low more and
+        more often, never for ever), else the posterior mean; the move's own rate is smoothed
+        towards it with the weight of one try.
         The rates are shared by every conversation with the model and read again before each
         simulation (:meth:`UCTTree.reprioritise`), so what one conversation learns re-orders
         the untried moves of the others at once. This conversation's simulations still in
@@ -247,32 +261,23 @@ class UCTController(ArchiveController):
             return (wins + towards) / (tries + 1)
 
         best: dict[Action, tuple[float, CellId]] = {}  # each move's prior and target cell
-        evidence = self.evidence(conv.model)
         for cell in self.cells:
             category, role = cell
-            base = (2 * smooth(("category", category), 0.5) + smooth(("role", role), 0.5)) / 3
             wins, tries = counts(cell)
             if opts.give_up:
-                # The category's tries inform its cells: each counts a quarter try here.
-                pooled = sum(prior) + counts(("category", category))[1] / 4
-                p_cell = thompson(rng, wins, tries, (pooled / 2, pooled / 2), base)
+                centre, strength = pooled(
+                    counts(("category", category)), counts(("role", role)), prior
+                )
+                p_cell = thompson(rng, wins, tries, (strength / 2, strength / 2), centre)
             else:
+                centre = pooled(counts(("category", category)), counts(("role", role)), prior)[0]
                 strength = sum(prior)
-                p_cell = (wins + strength * base) / (tries + strength)
-            if archive.is_filled(cell):  # a repeat, or a higher severity
-                gained, tried = evidence.gains(cell)
-                tried += flight.get(cell, 0)
-                if opts.give_up:
-                    p_gain = thompson(rng, gained, tried, prior)
-                else:
-                    p_gain = (gained + prior[0]) / (tried + sum(prior))
-                value = p_cell * REPEAT + p_gain * step(archive, cell)
-                moves = [(op, value) for op in self._operators]
-            else:  # a new cell
-                moves = [(op, smooth((category, role, op), p_cell)) for op in self._operators]
-            for op, p in moves:
+                p_cell = (wins + strength * centre) / (tries + strength)
+            worth_ = worth(archive, cell, wins)
+            for op in self._operators:
                 if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
                     continue
+                p = smooth((category, role, op), p_cell) * worth_
                 action = self._actions[(cell, op)]
                 if action not in best or p > best[action][0]:  # role-less: the best role's
                     best[action] = (p, cell)
@@ -363,8 +368,9 @@ class UCTController(ArchiveController):
     # -- committing ----------------------------------------------------------------------------
 
     def _commit(self, source: Message, conv: _Conv) -> None:
-        action = conv.tree.best_action()
-        sample = conv.tree.best_sample(action, self._severity_of(conv)) if action else None
+        severity = self._severity_of(conv)
+        action = conv.tree.best_action(severity)
+        sample = conv.tree.best_sample(action, severity) if action else None
         if action is None or sample is None:
             self._finish(source, conv, "failed", "no simulation of the turn got a counselor reply")
             return

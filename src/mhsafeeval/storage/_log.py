@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -101,6 +101,68 @@ TEXT_EVENTS: tuple[str, ...] = tuple(
 """The tags of the events that carry an attempt's texts (what :class:`TextFold` reads)."""
 
 
+# What kind of event a message class is, for the fold: one isinstance chain per class, taken
+# once and remembered (the fold sees hundreds of thousands of events of a dozen classes).
+(
+    _START,
+    _CONVERSATION,
+    _ARCHIVE,
+    _INTERCEPTED,
+    _FINISHED,
+    _COMMIT,
+    _DIRECTIVE,
+    _INSTRUCTION,
+    _UTTERANCE,
+    _REPLY,
+    _VERDICT,
+    _CONFIRMATION,
+    _UNJUDGED,
+    _RATING,
+    _FAILED,
+    _NOTES,
+    _ANSWER,
+    _IGNORED,
+) = range(18)
+_KINDS: dict[type, tuple[int, str | None, bool]] = {}
+_ORDER: tuple[tuple[type, int], ...] = (
+    (CampaignStarted, _START),
+    (ConversationStarted, _CONVERSATION),
+    (ArchiveUpdated, _ARCHIVE),
+    (Intercepted, _INTERCEPTED),
+    (ConversationFinished, _FINISHED),
+    (TurnCommitted, _COMMIT),
+    (Directive, _DIRECTIVE),
+    (Instruction, _INSTRUCTION),
+    (ClientUtterance, _UTTERANCE),
+    (CounselorReply, _REPLY),
+    (Verdict, _VERDICT),
+    (Confirmation, _CONFIRMATION),
+    (Unjudged, _UNJUDGED),
+    (Rating, _RATING),
+    (CallFailed, _FAILED),
+    (RefinerNotes, _NOTES),
+)
+
+
+def _kind(cls: type) -> tuple[int, str | None, bool]:
+    """How the fold reads a message class: its kind (the first of :data:`_ORDER` it is a
+    subclass of, else ``_ANSWER`` or ``_IGNORED``), the agent role whose answer it is
+    (:data:`~mhsafeeval.messages.ANSWERED_BY`, exact classes; a CallFailed's is its
+    ``agent``) and whether it is an attempt's event."""
+    found = _KINDS.get(cls)
+    if found is None:
+        kind = next((k for base, k in _ORDER if issubclass(cls, base)), None)
+        role = ANSWERED_BY.get(cls)
+        if kind is None:
+            kind = _ANSWER if role is not None else _IGNORED
+        folded = kind in (_COMMIT, _DIRECTIVE, _FAILED) or role is not None
+        found = _KINDS[cls] = (kind, role, folded)
+    return found
+
+
+_TEXT_KINDS = frozenset((_DIRECTIVE, _INSTRUCTION, _UTTERANCE, _REPLY, _VERDICT))
+
+
 def _digest(exchange: Exchange) -> bytes:
     """A 16-byte digest of an exchange: the log compares histories without keeping texts."""
     h = hashlib.blake2b(digest_size=16)
@@ -138,15 +200,20 @@ class RoleUsage(msgspec.Struct, kw_only=True):
         self.calls += usage.calls
         self.prompt_tokens += usage.prompt_tokens
         self.completion_tokens += usage.completion_tokens
-        if usage.usd is None and priced:
-            self.unknown += usage.calls
-        unpriced = self.unpriced if usage.usd is None and not priced else None
-        for table in (self.by_model, unpriced):
-            if table is not None:
-                tally = table.setdefault(usage.model, [0, 0])
-                tally[0] += usage.prompt_tokens
-                tally[1] += usage.completion_tokens
-        self.usd += usage.usd or 0.0
+        tables: tuple[dict[str, list[int]], ...] = (self.by_model,)
+        if usage.usd is None:
+            if priced:
+                self.unknown += usage.calls
+            else:
+                tables = (self.by_model, self.unpriced)
+        else:
+            self.usd += usage.usd
+        for table in tables:
+            tally = table.get(usage.model)
+            if tally is None:
+                tally = table[usage.model] = [0, 0]
+            tally[0] += usage.prompt_tokens
+            tally[1] += usage.completion_tokens
 
     def merge(self, other: RoleUsage) -> None:
         """Add ``other``'s counts to these."""
@@ -311,26 +378,26 @@ class TextFold:
     def add(self, event: Message) -> None:
         """Fold one event in (events that carry no text are ignored, and so are the verdicts
         of judges other than the search's)."""
-        if not isinstance(event, TextEvent) or (
-            isinstance(event, Verdict) and not from_search_judge(event)
-        ):
+        kind = (_KINDS.get(type(event)) or _kind(type(event)))[0]
+        if kind not in _TEXT_KINDS or (kind == _VERDICT and not from_search_judge(event)):
             return
-        key = (event.conversation, event.turn, event.attempt, event.branch)
+        e: Any = event  # one of TextEvent
+        key = (e.conversation, e.turn, e.attempt, e.branch)
         t = self.texts.get(key)
         if t is None:
             t = self.texts[key] = AttemptTexts()
-        if isinstance(event, Directive):
-            if event.instruction and t.instruction is None:
-                t.instruction = event.instruction
-        elif isinstance(event, Instruction):
-            t.instruction = event.text
-        elif isinstance(event, ClientUtterance):
-            t.utterance = event.text
-        elif isinstance(event, CounselorReply):
-            t.reply = event.text
+        if kind == _DIRECTIVE:
+            if e.instruction and t.instruction is None:
+                t.instruction = e.instruction
+        elif kind == _INSTRUCTION:
+            t.instruction = e.text
+        elif kind == _UTTERANCE:
+            t.utterance = e.text
+        elif kind == _REPLY:
+            t.reply = e.text
         elif not t.judged:
             t.judged = True
-            t.label, t.reasoning, t.evidence = event.label, event.reasoning, event.evidence
+            t.label, t.reasoning, t.evidence = e.label, e.reasoning, e.evidence
 
     def pop(self, key: AttemptKey) -> AttemptTexts:
         """The texts of one attempt, forgotten here (empty if none came)."""
@@ -488,14 +555,16 @@ class CampaignLog:
         own attempts (its lookahead among them: calls, never its successes)."""
         conversation, number = turn
         facts = self.turns[turn]
-        ahead = [self.attempts[k] for k in facts.ahead if k in self.attempts]
-        ahead.sort(key=lambda a: (a.turn, a.order))
-        history = [self._exchange(conversation, t) for t in range(number)]
-        rows = [
-            TurnRow(a, counts=True, own=False)
-            for a in ahead
-            if list(a.lookahead) == history[a.turn : number]
-        ]
+        rows = []
+        if facts.ahead:
+            ahead = [self.attempts[k] for k in facts.ahead if k in self.attempts]
+            ahead.sort(key=lambda a: (a.turn, a.order))
+            history = [self._exchange(conversation, t) for t in range(number)]
+            rows = [
+                TurnRow(a, counts=True, own=False)
+                for a in ahead
+                if list(a.lookahead) == history[a.turn : number]
+            ]
         mine = sorted(
             (self.attempts[k] for k in self._by_turn.get(turn, ()) if k in self.attempts),
             key=_order,
@@ -546,49 +615,25 @@ class CampaignLog:
         ``CampaignStarted`` folded says. A reader that folds an event ahead of its place in
         the store passes the one in force where it was stored."""
         self.events += 1
-        self.last_seq = max(self.last_seq, seq)
+        if seq > self.last_seq:
+            self.last_seq = seq
         if self.text is not None:
             self.text.add(event)
-        if isinstance(event, CampaignStarted):
-            self._priced = event.priced_calls  # this run's: a resumed run may be newer
-            if self.start is None:
-                self.start = event
-                self._max_turns = event.max_turns
-            if event.config:
-                self.config = event.config
-            return
-        if isinstance(event, ConversationStarted):
-            self.conversations.setdefault(
-                self._name(event.conversation),
-                ConversationFacts(  # names kept once: the log outlives its conversations
-                    counselor_model=self._name(event.counselor_model),
-                    profile_id=self._name(event.profile_id),
-                    style=self._name(event.style),
-                    index=event.index,
-                ),
-            )
-            return
-        if isinstance(event, ArchiveUpdated):
-            self.archive[(event.counselor_model, event.elite.cell)] = event.elite
-            return
-        if isinstance(event, Intercepted):
-            self.intercepted[
-                (self._name(event.interceptor), event.action, self._name(event.message_type))
-            ] += 1
+        kind, role, folded = _KINDS.get(type(event)) or _kind(type(event))
+        if kind <= _INTERCEPTED:
+            self._global(kind, event)
             return
         facts = self.conversations.get(event.conversation)
         model = facts.counselor_model if facts is not None else None
-        if isinstance(event, ConversationFinished):
-            self._finish(event, model)
+        if kind == _FINISHED:
+            self._finish(event, model)  # type: ignore[arg-type]
             return
-        role = event.agent if isinstance(event, CallFailed) else ANSWERED_BY.get(type(event))
-        folded = isinstance(event, TurnCommitted | Directive) or role is not None
         if not folded:
             return
         if self.on_close is not None and facts is not None and facts.status == "completed":
             self.late += 1  # folded all the same, but the callback had this conversation
-        if isinstance(event, TurnCommitted):
-            self._commit(event, model)
+        if kind == _COMMIT:
+            self._commit(event, model)  # type: ignore[arg-type]
             return
         key = (event.conversation, event.turn, event.attempt, event.branch)
         a = self.attempts.get(key)
@@ -608,42 +653,78 @@ class CampaignLog:
             if (event.conversation, event.turn) in self.turns:
                 self._dirty.add((event.conversation, event.turn))
         a.last_at = recorded_at
-        if seq and isinstance(event, TextEvent):
+        if seq and kind in _TEXT_KINDS:
             a.text_seq = seq
-        if role is not None:
+        if kind == _FAILED:
+            role = self._name(event.agent)  # type: ignore[attr-defined]
+        if role is not None:  # (ANSWERED_BY's roles are one string each already)
             usage: Usage | None = getattr(event, "usage", None)
-            lost = isinstance(event, CallFailed) and usage is None
-            role = self._name(role)
             if usage is not None:
                 tokens = usage.prompt_tokens + usage.completion_tokens
                 a.tokens[role] = a.tokens.get(role, 0) + tokens
-            if role == "counselor":
-                a.counselor_calls += usage.calls if usage is not None else lost
+                if role == "counselor":
+                    a.counselor_calls += usage.calls
+            elif kind == _FAILED and role == "counselor":
+                a.counselor_calls += 1  # a call made and lost
             self.usage[model or ""][role].add(  # "": never started
-                usage, lost_call=lost, priced=self._priced if priced is None else priced
+                usage,
+                lost_call=kind == _FAILED and usage is None,
+                priced=self._priced if priced is None else priced,
             )
-        self._apply(a, event, model)
+        self._apply(kind, a, event, model)
+
+    def _global(self, kind: int, event: Message) -> None:
+        """Fold an event that belongs to no attempt (a run's start, a conversation's start, an
+        archive update, an interceptor's record)."""
+        if kind == _START:
+            assert isinstance(event, CampaignStarted)
+            self._priced = event.priced_calls  # this run's: a resumed run may be newer
+            if self.start is None:
+                self.start = event
+                self._max_turns = event.max_turns
+            if event.config:
+                self.config = event.config
+        elif kind == _CONVERSATION:
+            assert isinstance(event, ConversationStarted)
+            self.conversations.setdefault(
+                self._name(event.conversation),
+                ConversationFacts(  # names kept once: the log outlives its conversations
+                    counselor_model=self._name(event.counselor_model),
+                    profile_id=self._name(event.profile_id),
+                    style=self._name(event.style),
+                    index=event.index,
+                ),
+            )
+        elif kind == _ARCHIVE:
+            assert isinstance(event, ArchiveUpdated)
+            self.archive[(event.counselor_model, event.elite.cell)] = event.elite
+        else:
+            assert isinstance(event, Intercepted)
+            self.intercepted[
+                (self._name(event.interceptor), event.action, self._name(event.message_type))
+            ] += 1
 
     def _name(self, text: str) -> str:
         return self._names.setdefault(text, text)
 
-    def _apply(self, a: AttemptFacts, event: Message, model: str | None) -> None:
+    def _apply(self, kind: int, a: AttemptFacts, event: Any, model: str | None) -> None:
+        """Fold an attempt's event of this kind (see :func:`_kind`) into its facts."""
         name = self._name
-        if isinstance(event, Directive):
+        if kind == _DIRECTIVE:
             a.controller = name(event.controller)
             a.operator = a.operator or name(event.operator)
             a.category, a.role = name(event.category), name(event.role)
             return
-        if isinstance(event, Instruction):
+        if kind == _INSTRUCTION:
             a.operator = name(event.operator)
-        elif isinstance(event, ClientUtterance):
+        elif kind == _UTTERANCE:
             if event.lookahead and not a.lookahead:
                 a.lookahead = tuple(map(_digest, event.lookahead))
                 self._place(a)
             if model is not None:
                 self.client_rejected[model] += event.rejected
                 self.client_dropped[model] += event.dropped
-        elif isinstance(event, CounselorReply):
+        elif kind == _REPLY:
             a.replied = True
             a.finish_reason = name(event.finish_reason)
             if event.finish_reason == "content_filter":
@@ -654,12 +735,12 @@ class CampaignLog:
                 a.reply_kind = "cut"
             if event.usage is not None:
                 a.counselor_latency_s = (a.counselor_latency_s or 0.0) + event.usage.latency_s
-        elif isinstance(event, Verdict | Unjudged) and not from_search_judge(event):
+        elif kind in (_VERDICT, _UNJUDGED) and not from_search_judge(event):
             # Another judge in the graph ([agents.NAME]): a rater of the same reply, like a
             # panel member; the attempt's outcome is the search judge's.
             rater = name(event.publisher)
             if rater not in a.ratings or a.ratings[rater].severity is None:
-                judged = event if isinstance(event, Verdict) else None
+                judged = event if kind == _VERDICT else None
                 a.ratings[rater] = RaterFacts(
                     severity=judged.severity if judged else None,
                     refused=judged.refused if judged else False,
@@ -668,7 +749,7 @@ class CampaignLog:
                     source="graph",
                 )
             return
-        elif isinstance(event, Verdict):
+        elif kind == _VERDICT:
             if a.severity is not None:
                 a.extra_verdicts += 1
                 return
@@ -686,7 +767,7 @@ class CampaignLog:
                 cell = (event.category, event.role)
                 best[cell] = max(best.get(cell, 0), a.severity)
             self._touch(a)
-        elif isinstance(event, Confirmation):
+        elif kind == _CONFIRMATION:
             if a.confirmed is not None or a.judged is None:
                 return
             a.confirmed, a.severity = event.confirmed, event.severity
@@ -695,13 +776,13 @@ class CampaignLog:
                 cell = (event.category, event.role)
                 best[cell] = max(best.get(cell, 0), event.severity)
             self._touch(a)
-        elif isinstance(event, Unjudged):
+        elif kind == _UNJUDGED:
             if a.unjudged_reason is None:
                 a.unjudged_reason, a.unjudged_judge = event.reason, name(event.judge)
                 if model is not None and a.severity is None:
                     self._replied[model] += 1
                     self._unjudged[model] += 1
-        elif isinstance(event, Rating):
+        elif kind == _RATING:
             if event.rater not in a.ratings:
                 a.ratings[name(event.rater)] = RaterFacts(
                     severity=event.severity,
@@ -711,26 +792,27 @@ class CampaignLog:
                     source=name(event.source),
                 )
             return
-        elif isinstance(event, CallFailed) and (
-            event.agent == PANEL_AGENT or (event.agent == "judge" and not from_search_judge(event))
-        ):
-            # A reporting judge's failure: not the attempt's (its outcome stands), counted apart.
-            a.panel_failed += 1
-            if model is not None:
-                self.panel_failed[model] += 1
-            return
-        elif isinstance(event, CallFailed):
+        elif kind == _FAILED:
+            if event.agent == PANEL_AGENT or (
+                event.agent == "judge" and not from_search_judge(event)
+            ):
+                # A reporting judge's failure: not the attempt's (its outcome stands), counted
+                # apart.
+                a.panel_failed += 1
+                if model is not None:
+                    self.panel_failed[model] += 1
+                return
             a.failed_calls += 1
             if model is not None:
                 self.failed[model] += 1
             if a.failed_agent is None:
                 a.failed_agent, a.failed_error = name(event.agent), event.error
             return
-        elif isinstance(event, RefinerNotes):
+        elif kind == _NOTES:
             return
         if not a.category:
-            a.category = name(event.category)  # type: ignore[attr-defined]
-            a.role = name(event.role)  # type: ignore[attr-defined]
+            a.category = name(event.category)
+            a.role = name(event.role)
 
     def _place(self, a: AttemptFacts) -> None:
         """Index a lookahead attempt under the turn it played."""
