@@ -281,3 +281,24 @@ def test_a_rule_asking_for_more_raters_than_there_are_is_refused(tmp_path: Path)
     path.write_text(config_text("strict", extra=SAFE_PANEL + "\n[confirm]\nrule = 2\n"))
     done = cli("check", str(path), timeout=60)
     assert done.returncode == 2 and "there are 1 (the [judges] panel" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_the_report_names_the_cells_tried_often_and_never_harmed() -> None:
+    """ "Tried 40 times, never harmed" is a finding too (issue 34): the text report lists each
+    cell with enough judged attempts and no finding, with its attempts, conversations and the
+    upper end of its ASR's interval; cells with a finding are not listed."""
+    text = config_text("resisted").replace("max_turns = 3", "max_turns = 8")
+    _, report = await run(text.replace("max_attempts = 3", "max_attempts = 5"))
+    (m,) = report.models.values()
+    text = " ".join(render_text(report).split())  # the list wraps over lines
+    resisted = [c for c in m.cells if c.attempts >= 5 and c.successes == 0]
+    assert resisted, "the test needs cells tried often and never harmed"
+    assert "tried, never harmed (attempts in conversations, ASR <=):" in text
+    for c in resisted:
+        assert c.asr_ci is not None
+        name = f"{c.category.replace('_', ' ')} x {c.role}"
+        assert f"{name} {c.attempts} in {c.conversations} ({c.asr_ci[1]:.2f})" in text
+    for c in m.cells:
+        if c.successes:
+            assert f"{c.category.replace('_', ' ')} x {c.role} {c.attempts} in" not in text

@@ -280,3 +280,19 @@ def test_calibrate_labels_from_a_campaign_nobody_settled_is_bad_input(
     assert "--campaign" in capsys.readouterr().err
     assert main([*args, "--labels-from", str(db), "--campaign", "zz"]) == 2
     assert not (tmp_path / "c").exists()
+
+
+def test_export_writes_the_ratings_as_review_does(
+    two_copies: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mhsafeeval export DB --ratings --out F``: the same file as ``review DB
+    --export-ratings F``; without ``--out`` (or with csv) one clear error, exit 2."""
+    _, b = two_copies
+    by_review, by_export = tmp_path / "review.jsonl", tmp_path / "export.jsonl"
+    assert main(["review", str(b), "--export-ratings", str(by_review)]) == 0
+    assert main(["export", str(b), "--ratings", "--out", str(by_export)]) == 0
+    assert "wrote 4 review event(s)" in capsys.readouterr().err
+    assert by_export.read_text() == by_review.read_text()
+    assert main(["export", str(b), "--ratings"]) == 2
+    assert "--ratings: writes JSONL to a file: give --out FILE" in capsys.readouterr().err
+    assert main(["export", str(b), "--ratings", "--format", "csv", "--out", str(by_export)]) == 2

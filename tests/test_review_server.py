@@ -154,6 +154,12 @@ def test_a_reviewed_campaign_reports_exactly_as_before(tmp_path: Path) -> None:
     after = cli("export", str(reviewed), timeout=120)
     assert before.returncode == after.returncode == 0, after.stderr
     assert _untimed(after.stdout) == _untimed(before.stdout)  # the two files differ in times
+    for db, shown in ((plain, False), (reviewed, True)):
+        page = tmp_path / f"{db.stem}.html"
+        assert cli("report", str(db), "--html", str(page), timeout=120).returncode == 0
+        html = page.read_text()
+        assert ("<h3>Review by people</h3>" in html) is shown
+        assert ("Blinded ratings by 1 people, 2 per reply" in html) is shown
 
 
 def _untimed(jsonl: str) -> list[dict[str, object]]:

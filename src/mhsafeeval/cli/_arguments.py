@@ -199,6 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--campaign", help="campaign id (default: every campaign in the file)")
     export.add_argument("--archive", action="store_true", help="the harm archive as JSON instead")
     export.add_argument(
+        "--ratings",
+        action="store_true",
+        help="the review's ratings and decisions (mhsafeeval review) as JSONL instead; needs --out",
+    )
+    export.add_argument(
         "--out", type=Path, help="write here (created owner-only) instead of stdout"
     )
 

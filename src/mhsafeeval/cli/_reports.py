@@ -133,6 +133,8 @@ async def _export(args: argparse.Namespace) -> int:
     from mhsafeeval.storage import SqliteEventStore
 
     check_output(args.out, "--out", (args.db,))  # never over what it reads
+    if args.ratings:
+        return await _export_ratings(args)
     async with (
         SqliteEventStore(args.db, read_only=True) as store,
         contextlib.AsyncExitStack() as stack,
@@ -152,6 +154,21 @@ async def _export(args: argparse.Namespace) -> int:
             count = await export(store, args.campaign, args.format, out, source=args.db)
     if args.out is not None:
         print(f"mhsafeeval: wrote {count} record(s) to {args.out}", file=sys.stderr)
+    return 0
+
+
+async def _export_ratings(args: argparse.Namespace) -> int:
+    """``export --ratings``: the review's events, as ``review --export-ratings`` writes them."""
+    from mhsafeeval.review import export_ratings
+    from mhsafeeval.storage import SqliteEventStore
+
+    if args.out is None or args.archive or args.format != "jsonl":
+        raise InputError(
+            None, "--ratings", "writes JSONL to a file: give --out FILE (no --archive, no csv)"
+        )
+    async with SqliteEventStore(args.db, read_only=True) as store:
+        name, count = await export_ratings(store, args.out, args.campaign, source=args.db)
+    print(f"mhsafeeval: wrote {count} review event(s) of {name} to {args.out}", file=sys.stderr)
     return 0
 
 

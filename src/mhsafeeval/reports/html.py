@@ -68,6 +68,7 @@ from mhsafeeval.reports.text import (
     CampaignReport,
     load_reports_and_logs,
     report_of,
+    review_of,
     wanted_campaigns,
 )
 from mhsafeeval.storage import CampaignLog, CampaignTally, EventStore, ModelMetrics
@@ -501,6 +502,54 @@ def _comparison_table(report: CampaignReport) -> str:
     )
 
 
+def _review_table(report: CampaignReport) -> str:
+    """What people said in the review workbench (nothing when nobody reviewed)."""
+    review = report.review
+    if review is None or not review.models:
+        return ""
+
+    def rate(value: float | None, ci: tuple[float, float] | None, why: str | None = None) -> str:
+        if value is None:
+            return _e(f"n/a ({why})" if why else "n/a")
+        return f"{_fmt(value)}<br>{_ci(ci)}"
+
+    head = [
+        "model",
+        "settled / queued",
+        "adjudicated",
+        "waiting",
+        "human-confirmed findings",
+        "judge's precision",
+        "on its findings",
+        "miss rate (safe sample)",
+        "raters' alpha",
+        "raters' kappa",
+        "judge vs people (kappa)",
+    ]
+    rows = [
+        [
+            _e(m.model),
+            f"{m.settled} / {m.queued}",
+            str(m.adjudicated),
+            str(m.pending),
+            f"{m.confirmed} in {sum(1 for c in m.cells if c.confirmed)} cell(s)",
+            rate(m.precision, m.precision_ci),
+            rate(m.finding_precision, m.finding_precision_ci),
+            rate(m.miss_rate, m.miss_rate_ci),
+            rate(m.alpha, m.alpha_ci, m.alpha_undefined),
+            rate(m.kappa, m.kappa_ci, m.kappa_undefined),
+            rate(m.judge_kappa, m.judge_kappa_ci, m.judge_kappa_undefined),
+        ]
+        for m in review.models
+    ]
+    legend = (
+        f'<p class="legend">Blinded ratings by {len(review.raters)} people, '
+        f"{review.raters_per_item} per reply, {review.decisions} adjudication(s) "
+        "(mhsafeeval review; docs/review.md). Intervals: 95%.</p>"
+    )
+    return "<h3>Review by people</h3>" + _table(head, rows, "review") + legend
+
+
 def _section(
     index: int, report: CampaignReport, log: CampaignLog, severities: dict[str, Counter[str]]
 ) -> str:
@@ -540,6 +589,7 @@ def _section(
                 if m.judges or m.panel_failed_calls
             ),
             _comparison_table(report),
+            _review_table(report),
             "<h3>Transcripts</h3>",
             f'<div class="transcripts" data-campaign="{index}"></div>',
             "<h3>Configuration</h3>",
@@ -752,7 +802,9 @@ async def _campaign(
     late = stream.stale or stream.late_elites
     if not late and tally.threshold in (None, log.threshold):
         tally.add_log(log)  # the conversations that never completed
-        return report_of(log, name, retried=retried, tally=tally), log, shown
+        report = report_of(log, name, retried=retried, tally=tally)
+        report.review = await review_of(store, name)
+        return report, log, shown
     first, shown = shown.written, _Transcripts(index, pages, inline_attempts, page_attempts)
     [(report, log)] = await load_reports_and_logs(store, name, source=source)
     async for group in _whole_groups(stream_records(store, name, log), log):

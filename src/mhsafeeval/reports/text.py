@@ -16,7 +16,7 @@ import msgspec
 from mhsafeeval.costs import role_cost
 from mhsafeeval.errors import InputError
 from mhsafeeval.reports.review import review_lines
-from mhsafeeval.review import ReviewMetrics, ReviewState, review_metrics
+from mhsafeeval.review import REVIEW_EVENTS, ReviewMetrics, ReviewState, review_metrics
 from mhsafeeval.storage import (
     CampaignLog,
     CampaignTally,
@@ -59,7 +59,7 @@ class ModelCost(msgspec.Struct, kw_only=True):
 
 
 REVIEW_TAG = "review."
-"""The tags of the review workbench's events start so (mhsafeeval.review)."""
+"""The tags of the review workbench's events start so (mhsafeeval.review.REVIEW_EVENTS)."""
 
 
 class CampaignReport(msgspec.Struct, kw_only=True):
@@ -189,6 +189,17 @@ async def load_reports_and_logs(
     return out
 
 
+async def review_of(store: EventStore, name: str) -> ReviewMetrics | None:
+    """The review's figures of a campaign folded without them (a tally's fast path): None when
+    nobody reviewed it, else read again whole (the review needs every attempt)."""
+    async for _ in store.events(name, types=REVIEW_EVENTS):
+        break
+    else:
+        return None
+    log, review = await _whole_log(store, name)
+    return review_metrics(log, review, campaign=name) if review.any() else None
+
+
 async def _whole_log(store: EventStore, name: str) -> tuple[CampaignLog, ReviewState]:
     """A campaign's compact log of every attempt (as :func:`campaign_log` folds it) and its
     review events folded."""
@@ -250,6 +261,30 @@ def _ci(interval: tuple[float, float] | None) -> str:
 
 def _abbrev(word: str, width: int) -> str:
     return word.replace("_", " ")[:width]
+
+
+def _resisted_lines(m: ModelMetrics, threshold: int) -> list[str]:
+    """The cells tried often and never harmed in ("tried 40 times, never harmed" is a finding
+    too): each with its judged attempts, its conversations and the upper end of its ASR's 95%
+    interval (the most its success rate could plausibly be)."""
+    resisted = [
+        c
+        for c in m.cells
+        if c.attempts >= SPARSE_ATTEMPTS
+        and c.successes == 0
+        and (c.best_severity or 0) < threshold
+        and c.asr_ci is not None
+    ]
+    if not resisted:
+        return []
+    shown = [
+        f"{c.category.replace('_', ' ')} x {c.role} {c.attempts} in {c.conversations}"
+        f" ({c.asr_ci[1]:.2f});"  # type: ignore[index]
+        for c in sorted(resisted, key=lambda c: (-c.attempts, c.category, c.role))
+    ]
+    shown[-1] = shown[-1].rstrip(";")
+    header = f"{'':<22}tried, never harmed (attempts in conversations, ASR <=):"
+    return [header, *_packed(f"{_NOTE}  ", shown, " ")]
 
 
 def _confirmation_lines(m: ModelMetrics) -> list[str]:
@@ -361,6 +396,7 @@ def render_text(report: CampaignReport) -> str:
                 f"{'':<22}{sparse} of {len(tried)} tried cells have fewer than {SPARSE_ATTEMPTS} "
                 "judged attempts; their ASR says little"
             )
+        lines += _resisted_lines(m, report.threshold)
         spent = [
             f"{role} {u.calls} calls/{u.prompt_tokens + u.completion_tokens} tok/{_usd(u)}"
             for role, u in sorted(m.usage.items())
