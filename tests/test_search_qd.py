@@ -341,3 +341,34 @@ async def test_a_tree_search_stored_before_early_stop_was_the_default_resumes_on
         text = old.format(calls=12) + scripted_models()
         result = await run_campaign(parse_config(text, "drain.toml"), store)
     assert result.status == "stopped_budget"
+
+
+async def test_a_reply_paid_for_before_a_kill_is_judged_by_a_rerun_at_the_spent_budget() -> None:
+    """A run killed after a reply was stored and before its verdict was: the budget was spent
+    by then, so the rerun starts nothing new, but it judges that reply (paid for, owed), stores
+    nothing else bought, and stops at the budget as before; a rerun that owes nothing stores
+    nothing at all."""
+    async with MemoryEventStore() as store:
+        whole = await drain(store, 7)
+        info = (await store.list_campaigns())[0]
+    last = next(e for e in reversed(whole) if isinstance(e, Verdict) and from_search_judge(e))
+    gone = {last.id}
+    for e in whole:  # the verdict and everything it caused, as if killed before it was stored
+        if e.causation in gone:
+            gone.add(e.id)
+    cut = [e for e in whole if e.id not in gone]
+    assert len(cut) < len(whole) and coords(last) in judged(whole)
+    async with MemoryEventStore() as store:
+        await store.register_campaign("drain", info.config)
+        for e in cut:
+            await store.append(e)
+        config = parse_config(BUDGET_CONFIG.format(calls=7) + scripted_models(), "drain.toml")
+        result = await run_campaign(config, store)
+        assert result.status == "stopped_budget"
+        events: list[Message] = [e.message async for e in store.events("drain") if e.message]
+        again = await run_campaign(config, store)  # owes nothing now: stores nothing
+        assert again.status == "stopped_budget"
+        assert [e.message async for e in store.events("drain") if e.message] == events
+    replies = [coords(e) for e in events if isinstance(e, CounselorReply)]
+    assert len(replies) == len(set(replies)) == 7  # nothing bought again
+    assert judged(events) == Counter(replies)  # the owed reply judged, once

@@ -156,9 +156,12 @@ async def _resume_or_run(
                 await _until_served(graph.services, limits.stop)
                 tg.cancel_scope.cancel()
         return _result(graph, stored.outcome.status, stored, store, resumed_from, limits)
-    if limits.reached is not None:  # the stored part already spent a limit: start nothing
+    if limits.reached is not None and stored is None:
         return _result(graph, "stopped_budget", stored, store, resumed_from, limits)
-    return await _run(graph, store, stored, resumed_from, limits, observers)
+    # The stored part may already have spent a limit: then nothing new starts, but what it paid
+    # for and did not finish (a reply stored before a kill, never judged) is finished first.
+    drain = limits.reached is not None
+    return await _run(graph, store, stored, resumed_from, limits, observers, drain=drain)
 
 
 async def resume_services(
@@ -216,8 +219,14 @@ async def _run(
     resumed_from: int,
     limits: Limits,
     observers: Sequence[Callable[[Message], Any]],
+    *,
+    drain: bool = False,
 ) -> RunResult:
+    """Run (or resume) the campaign; ``drain``: a limit was spent by the stored part, so only
+    the work it owes that the limits still admit is done (no conversation starts), and the run
+    stops at the limit as it did, recording nothing when that stored nothing."""
     await store.register_campaign(graph.campaign, graph.config)
+    appended = store.stats.appended  # what this run stores is what comes after
     scheduler = Scheduler(graph.conversations, graph.campaign, graph.concurrency, stored)
     status = "interrupted"
     redone = 0
@@ -241,6 +250,11 @@ async def _run(
                 rt.publish(graph.opening)
             for service in graph.services:  # after the stored part was handed to them
                 await service_tasks.start(service.serve)
+            if drain:
+                with anyio.move_on_after(60):
+                    await limits.drained()
+                await rt.observers_caught_up()
+                raise _LimitReached(limits.reached or "budget")
             scheduler.start()
             await _until_done(rt, scheduler, limits.stop)
             if not scheduler.done.is_set():
@@ -275,16 +289,18 @@ async def _run(
         else:  # Ctrl-C or a crash: say so in the record
             status = "interrupted" if not isinstance(exc, Exception) else "failed"
             detail = f"{type(exc).__name__}: {exc}"[:500]
+        quiet = drain and limit_stop and store.stats.appended == appended  # owed nothing
         with anyio.CancelScope(shield=True):
-            await store.append(
-                CampaignFinished(
-                    campaign=graph.campaign,
-                    # Not "finish": a resumed run still records how it ends.
-                    key=f"stopped:{resumed_from}+{store.stats.appended}",
-                    status=status,
-                    detail=detail,
+            if not quiet:
+                await store.append(
+                    CampaignFinished(
+                        campaign=graph.campaign,
+                        # Not "finish": a resumed run still records how it ends.
+                        key=f"stopped:{resumed_from}+{store.stats.appended}",
+                        status=status,
+                        detail=detail,
+                    )
                 )
-            )
         if not limit_stop:
             raise
     return RunResult(
