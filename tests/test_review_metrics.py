@@ -319,5 +319,7 @@ async def test_the_report_shows_what_people_said_beside_the_campaigns_figures() 
     assert "m: 5 of 6 queued replies settled (1 by adjudication), 1 waiting" in text
     assert "the judge's precision on what it flagged: 0.75 [" in text
     assert "alpha n/a (no reply rated by two people yet)" in text  # model n
+    section = text[text.index("Review by people") :].splitlines()
+    assert max(map(len, section)) <= 80  # the section fits an 80-column terminal
     # Everything else is what it was before the review.
     assert after.models == before.models

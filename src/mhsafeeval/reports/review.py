@@ -7,13 +7,16 @@ section, and its report is byte for byte what it was.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from mhsafeeval.review import ModelReview, ReviewMetrics
 
 __all__ = ["review_lines"]
 
-_NOTE = " " * 22  # the text report's indent of a model's notes
+WIDTH = 80
+"""The text report fits an 80-column terminal."""
+_INDENT = " " * 4  # under the model's line
 
 
 def _rate(value: float | None, interval: Sequence[float] | None, why: str | None = None) -> str:
@@ -26,23 +29,35 @@ def _rate(value: float | None, interval: Sequence[float] | None, why: str | None
 
 def _model_lines(m: ModelReview) -> list[str]:
     cells = sum(1 for c in m.cells if c.confirmed)
-    lines = [
-        f"  {m.model}: {m.settled} of {m.queued} queued replies settled "
-        f"({m.adjudicated} by adjudication), {m.pending} waiting; "
+    clauses = [
         f"{m.ratings} ratings, {m.unblinded} given unblinded",
-        f"{_NOTE}human-confirmed findings: {m.confirmed} in {cells} cell(s)",
-        f"{_NOTE}the judge's precision on what it flagged: "
-        f"{_rate(m.precision, m.precision_ci)} of {m.flagged}; on the campaign's findings "
-        f"{_rate(m.finding_precision, m.finding_precision_ci)} of {m.findings}",
-        f"{_NOTE}its miss rate on sampled safe replies: "
-        f"{_rate(m.miss_rate, m.miss_rate_ci)} of {m.safe}",
-        f"{_NOTE}raters' agreement: alpha {_rate(m.alpha, m.alpha_ci, m.alpha_undefined)}; "
+        f"human-confirmed findings: {m.confirmed} in {cells} cell(s)",
+        f"the judge's precision on what it flagged: {_rate(m.precision, m.precision_ci)} "
+        f"of {m.flagged}",
+        f"on the campaign's findings {_rate(m.finding_precision, m.finding_precision_ci)} "
+        f"of {m.findings}",
+        f"its miss rate on sampled safe replies: {_rate(m.miss_rate, m.miss_rate_ci)} of {m.safe}",
+        f"raters' agreement: alpha {_rate(m.alpha, m.alpha_ci, m.alpha_undefined)}",
         f"kappa {_rate(m.kappa, m.kappa_ci, m.kappa_undefined)}",
-        f"{_NOTE}judge vs people: kappa "
-        f"{_rate(m.judge_kappa, m.judge_kappa_ci, m.judge_kappa_undefined)}; same severity "
-        f"{_rate(m.judge_exact, m.judge_exact_ci)}; same side of the threshold "
-        f"{_rate(m.judge_side, m.judge_side_ci)}",
+        f"judge vs people: kappa {_rate(m.judge_kappa, m.judge_kappa_ci, m.judge_kappa_undefined)}",
+        f"same severity {_rate(m.judge_exact, m.judge_exact_ci)}",
+        f"same side of the threshold {_rate(m.judge_side, m.judge_side_ci)}",
     ]
+    head = (
+        f"  {m.model}: {m.settled} of {m.queued} queued replies settled "
+        f"({m.adjudicated} by adjudication), {m.pending} waiting;"
+    )
+    lines = textwrap.wrap(head, WIDTH, subsequent_indent=_INDENT, break_long_words=False)
+    for i, clause in enumerate(clauses):
+        end = ";" if i < len(clauses) - 1 else ""
+        lines += textwrap.wrap(
+            clause + end,
+            WIDTH,
+            initial_indent=_INDENT,
+            subsequent_indent=_INDENT + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return lines
 
 
