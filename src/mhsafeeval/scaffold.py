@@ -139,7 +139,8 @@ async def view_report(
     db: Path, campaign: str | None, *, browser: bool = True, out: TextIO | None = None
 ) -> Path:
     """Write the HTML report of ``campaign`` (``None``: every one stored in ``db``) to a new
-    owner-only temporary folder, open it in the user's browser where one can be opened
+    owner-only temporary folder (reading and keeping it as ``report --html`` does:
+    :mod:`mhsafeeval.reports.kept`), open it in the user's browser where one can be opened
     (:func:`browser_available`, then :func:`webbrowser.open`), and return its path. When none
     can be (or ``browser`` is false), the path is printed on ``out`` (stdout by default), to
     open by hand. The folder is left for the browser to read; the system's temporary-file
@@ -149,16 +150,19 @@ async def view_report(
         InputError: ``db`` is missing or no campaign database, or holds no such campaign.
     """
     from mhsafeeval.reports.html import write_html
+    from mhsafeeval.reports.kept import HTML_KIND, Fresh, keep_in_file
     from mhsafeeval.storage import SqliteEventStore
 
+    fresh: Fresh = {}
     async with SqliteEventStore(db, read_only=True) as store:  # a bad file is refused here
         folder = Path(tempfile.mkdtemp(prefix="mhsafeeval-view-"))  # mode 0o700
         page = folder / "report.html"  # a name with nothing of the user's in it
         try:
-            await write_html(store, campaign, page, source=db)
+            await write_html(store, campaign, page, source=db, fresh=fresh)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+    await keep_in_file(db, HTML_KIND, fresh)  # as `report --html` does
     opened = browser and browser_available() and _open(page)
     if opened:
         print(f"mhsafeeval: opened {page} in your browser", file=sys.stderr)

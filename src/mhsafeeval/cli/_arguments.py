@@ -156,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
         help="`calibrate --json` output for the campaign's judge: also print rates corrected "
         "for its error (Rogan-Gladen); refused when it calibrated another judge",
     )
+    report.add_argument(
+        "--refold",
+        action="store_true",
+        help="fold every stored event again instead of reading the report kept in the "
+        "database for an unchanged campaign, and keep nothing (the figures are the same)",
+    )
     _gate_arguments(report, stored=True)
 
     compare = _command(

@@ -20,13 +20,15 @@ from ._gate import _report_gate
 
 if TYPE_CHECKING:
     from mhsafeeval.reports.corrected import JudgeCorrection
+    from mhsafeeval.reports.kept import Fresh
     from mhsafeeval.reports.text import CampaignReport
     from mhsafeeval.storage import EventStore
 
 
 async def _report(args: argparse.Namespace) -> int:
     from mhsafeeval.reports.corrected import correction_json, correction_lines
-    from mhsafeeval.reports.text import load_report, render_text, report_json
+    from mhsafeeval.reports.kept import HTML_KIND, KIND, keep_in_file, load_kept
+    from mhsafeeval.reports.text import render_text, report_json
     from mhsafeeval.storage import SqliteEventStore
 
     if args.baseline is not None and args.html is None:
@@ -36,27 +38,17 @@ async def _report(args: argparse.Namespace) -> int:
     check_distinct(("--html", args.html), ("--junit", args.junit))
     async with SqliteEventStore(args.db, read_only=True) as store:
         code = await _report_gate(args, store)  # 0, or EXIT_GATE: only when a gate is asked for
-        if args.html is not None:
-            from mhsafeeval.reports.html import pages_folder, write_html
-
-            comparison = None
-            if args.baseline is not None:
-                from mhsafeeval.reports.compare import compare_files
-
-                comparison = await compare_files(
-                    args.baseline,
-                    args.db,
-                    campaign_a=args.baseline_campaign,
-                    campaign_b=args.campaign,
-                )
-            pages = await write_html(
-                store, args.campaign, args.html, source=args.db, comparison=comparison
+        if args.html is None:
+            reports, fresh = await load_kept(
+                store, args.campaign, source=args.db, refold=args.refold
             )
-            side = f" and {len(pages)} page(s) of transcripts in {pages_folder(args.html)}"
-            print(f"mhsafeeval: wrote {args.html}{side if pages else ''}", file=sys.stderr)
-            return code
-        reports = await load_report(store, args.campaign, source=args.db)
-        corrections = await _corrections(args, store, reports)
+            corrections = await _corrections(args, store, reports)
+        else:
+            fresh = await _report_html(args, store)
+    # What was folded here is kept, when the file can be written: the next report reads it.
+    await keep_in_file(args.db, KIND if args.html is None else HTML_KIND, fresh)
+    if args.html is not None:
+        return code
     if args.json:
         data = report_json(reports)
         for campaign, correction in corrections.items():
@@ -72,6 +64,31 @@ async def _report(args: argparse.Namespace) -> int:
         ]
         print(visible("\n\n".join(texts), keep_newlines=True))
     return code
+
+
+async def _report_html(args: argparse.Namespace, store: EventStore) -> Fresh:
+    """``report --html OUT``: write it; what was read from the events, for keeping."""
+    from mhsafeeval.reports.html import pages_folder, write_html
+
+    comparison = None
+    if args.baseline is not None:
+        from mhsafeeval.reports.compare import compare_files
+
+        comparison = await compare_files(
+            args.baseline, args.db, campaign_a=args.baseline_campaign, campaign_b=args.campaign
+        )
+    fresh: Fresh = {}
+    pages = await write_html(
+        store,
+        args.campaign,
+        args.html,
+        source=args.db,
+        comparison=comparison,
+        fresh=None if args.refold else fresh,
+    )
+    side = f" and {len(pages)} page(s) of transcripts in {pages_folder(args.html)}"
+    print(f"mhsafeeval: wrote {args.html}{side if pages else ''}", file=sys.stderr)
+    return fresh
 
 
 async def _corrections(

@@ -26,6 +26,7 @@ async def _run(args: argparse.Namespace) -> int:
     from mhsafeeval.plan import build_plan, estimate_calls, preflight
     from mhsafeeval.progress import Progress, following
     from mhsafeeval.reports.gate import other_levels as gate_levels
+    from mhsafeeval.reports.kept import KIND, keep, log_position
     from mhsafeeval.reports.text import load_reports_and_logs, render_text, unmeasured
     from mhsafeeval.storage import SqliteEventStore
 
@@ -126,8 +127,13 @@ async def _run(args: argparse.Namespace) -> int:
             )
         # The gate's too; the whole log only for rules at another severity than the threshold.
         whole = bool(gate_levels(gate, config.campaign.threshold)) or args.baseline
+        await store.flush()
+        position = await log_position(store, config.campaign.name)
         folded = await load_reports_and_logs(store, config.campaign.name, whole=whole)
         reports = [report for report, _ in folded]
+        if not whole:  # what `report` folds: the next one reads it (mhsafeeval.reports.kept)
+            body = msgspec.msgpack.encode(reports[0])
+            await keep(store, KIND, {config.campaign.name: (position, body)})
         lift: list[str] = []
         if args.baseline and attacked in counts and folded:
             from mhsafeeval.reports.lift import campaign_lift, lift_lines

@@ -20,6 +20,11 @@ of the report's own origin (``'self'``: its folder, on ``file://``). The report 
 are replaced as one unit (:class:`~mhsafeeval._files.FileSet`): ``RUN`` is a folder of this
 report's pages only, named when they are all written, just before the main file is replaced.
 
+Given ``fresh`` (as ``report --html`` and ``view`` do), a campaign's part of the document, its
+pages' records included, is read from the store where it was kept for the same code, log and
+page sizes (:mod:`mhsafeeval.reports.kept`), and kept there when it had to be read from the
+events.
+
 The report reads the store once per campaign (:class:`~mhsafeeval.reports.export.RecordStream`):
 each conversation is tallied for the figures and its records are put on a page as it completes,
 then forgotten, so what is held is a page of transcripts, the conversations in flight and the
@@ -43,6 +48,7 @@ import base64
 import hashlib
 import html
 import os
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from importlib import resources
@@ -63,6 +69,7 @@ from mhsafeeval.reports.export import (
     archive_of,
     stream_records,
 )
+from mhsafeeval.reports.kept import HTML_KIND, Fresh, kept_body, log_position
 from mhsafeeval.reports.text import (
     SPARSE_ATTEMPTS,
     CampaignReport,
@@ -551,7 +558,7 @@ def _review_table(report: CampaignReport) -> str:
 
 
 def _section(
-    index: int, report: CampaignReport, log: CampaignLog, severities: dict[str, Counter[str]]
+    index: int, report: CampaignReport, config: str, severities: dict[str, Counter[str]]
 ) -> str:
     models = list(report.models.values())
     refine = {m.model: {k + 1: v for k, v in m.success_by_attempt.items()} for m in models}
@@ -593,7 +600,7 @@ def _section(
             "<h3>Transcripts</h3>",
             f'<div class="transcripts" data-campaign="{index}"></div>',
             "<h3>Configuration</h3>",
-            f'<pre class="config">{_e(log.config) or "(no configuration text stored)"}</pre>',
+            f'<pre class="config">{_e(config) or "(no configuration text stored)"}</pre>',
             "</section>",
         ]
     )
@@ -615,12 +622,13 @@ async def write_html(
     inline_attempts: int = INLINE_ATTEMPTS,
     page_attempts: int = PAGE_ATTEMPTS,
     comparison: Comparison | None = None,
+    fresh: Fresh | None = None,
 ) -> list[Path]:
     """Write the HTML report of ``campaign`` (``None``: every stored one) to ``out``, and its
     pages of transcripts, if it has any, to a new folder in :func:`pages_folder`; owner-only
     files. The report and its pages replace the previous ones as one unit (the pages an earlier
     report left are removed; so are those of a report killed while it was written). Returns
-    the side files. ``inline_attempts``, ``page_attempts`` and ``comparison``: as
+    the side files. ``inline_attempts``, ``page_attempts``, ``comparison`` and ``fresh``: as
     :func:`build_html`'s.
 
     Raises:
@@ -642,6 +650,7 @@ async def write_html(
             inline_attempts=inline_attempts,
             page_attempts=page_attempts,
             comparison=comparison,
+            fresh=fresh,
         )
         files.publish(text)
     return [files.published / path.name for path in written]
@@ -673,6 +682,7 @@ async def build_html(
     inline_attempts: int = INLINE_ATTEMPTS,
     page_attempts: int = PAGE_ATTEMPTS,
     comparison: Comparison | None = None,
+    fresh: Fresh | None = None,
 ) -> str:
     """The main HTML document reporting ``campaign`` (``None``: every stored one).
 
@@ -689,6 +699,10 @@ async def build_html(
         comparison: A comparison with a baseline campaign
             (:func:`mhsafeeval.reports.compare.compare_files`), shown as a section after the
             campaigns' (``report --html OUT --baseline A.db``).
+        fresh: Read each campaign's part where it was kept in the store for the same code,
+            log and page sizes (:mod:`mhsafeeval.reports.kept`), and collect here the parts
+            read from the events, for :func:`~mhsafeeval.reports.kept.keep`. None: read every
+            event and keep nothing.
 
     Raises:
         InputError: No such campaign (``source`` names the database in the message).
@@ -702,6 +716,7 @@ async def build_html(
         inline_attempts=inline_attempts,
         page_attempts=page_attempts,
         comparison=comparison,
+        fresh=fresh,
     )
 
 
@@ -715,16 +730,17 @@ async def _build(
     inline_attempts: int,
     page_attempts: int,
     comparison: Comparison | None,
+    fresh: Fresh | None,
 ) -> str:
     reports, sections, data = [], [], []
     paged = False
     for index, name in enumerate(await wanted_campaigns(store, campaign, source)):
-        report, log, shown = await _campaign(
-            store, name, index, pages, inline_attempts, page_attempts, source
+        shown = await _campaign(
+            store, name, index, pages, inline_attempts, page_attempts, source, fresh
         )
+        report = shown.report
         reports.append(report)
-        sections.append(_section(index, report, log, shown.severities))
-        wanted = dict.fromkeys(e.conversation for e in log.archive.values())  # in archive order
+        sections.append(_section(index, report, shown.config, shown.severities))
         data.append(
             {
                 "campaign": report.campaign,
@@ -735,14 +751,14 @@ async def _build(
                     name: [msgspec.to_builtins(c) for c in m.cells]
                     for name, m in report.models.items()
                 },
-                "archive": archive_of(log, report.campaign),
-                "attempts": shown.attempts(),
+                "archive": shown.archive,
+                "attempts": shown.attempts,
                 "pages": shown.pages,
                 "total": shown.total,
-                "context": {c: shown.context.get(c, []) for c in wanted},
+                "context": shown.context,
             }
         )
-        paged = paged or shown.paged
+        paged = paged or bool(shown.pages)
         if written is not None:
             written += shown.written
     script = _asset("report.js")
@@ -778,7 +794,98 @@ Shown = tuple[int, dict[str, Any]]
 """A record as the page shows it (:data:`_RECORD_FIELDS`), with its attempt's serial."""
 
 
+class _Campaign(msgspec.Struct, kw_only=True):
+    """What the document shows of one campaign. Kept in the store (kind :data:`HTML_KIND`,
+    :mod:`mhsafeeval.reports.kept`) with its pages' records, so the report of an unchanged
+    campaign reads one row instead of every event; the pages' file names and addresses are
+    the document's own (its index, its folder), so they are not kept."""
+
+    report: CampaignReport
+    config: str
+    severities: dict[str, dict[str, int]]
+    """Per counselor model: attempts per severity, or per outcome when unjudged."""
+    archive: dict[str, dict[str, dict[str, Any]]]
+    attempts: list[dict[str, Any]]
+    """The records shown inline (none when paged)."""
+    pages: list[dict[str, Any]]
+    """Each page's entry in the document's data."""
+    total: int
+    context: dict[str, list[dict[str, Any]]]
+    """The committed turns of each elite's conversation, in archive order."""
+    bodies: list[bytes] = []
+    """Each page's records as the page embeds them (:func:`embed_json`), zlib-compressed."""
+
+
 async def _campaign(
+    store: EventStore,
+    name: str,
+    index: int,
+    pages: _Pages | None,
+    inline_attempts: int,
+    page_attempts: int,
+    source: str | Path | None,
+    fresh: Fresh | None,
+) -> _Shown:
+    """One campaign's part of the document, its pages written: read from the store where it
+    was kept for the same code, log and page sizes; else read from the events, and offered
+    in ``fresh`` for keeping (``fresh`` None: neither)."""
+    mode = "paged" if pages is not None else "inline"
+    key = f"{await log_position(store, name)}; html {mode} {inline_attempts} {page_attempts}"
+    body = None if fresh is None else await kept_body(store, name, HTML_KIND, key)
+    if body is not None:
+        try:
+            kept = msgspec.msgpack.decode(body, type=_Campaign)
+        except msgspec.MsgspecError:  # written by other code under the same key: read again
+            kept = None
+        if kept is not None:
+            return _Shown.of(kept, index, pages)
+    report, log, shown = await _read_campaign(
+        store, name, index, pages, inline_attempts, page_attempts, source
+    )
+    wanted = dict.fromkeys(e.conversation for e in log.archive.values())  # in archive order
+    part = _Campaign(
+        report=report,
+        config=log.config,
+        severities={m: dict(c) for m, c in shown.severities.items()},
+        archive=archive_of(log, report.campaign),
+        attempts=shown.attempts(),
+        pages=shown.pages,
+        total=shown.total,
+        context={c: shown.context.get(c, []) for c in wanted},
+    )
+    if fresh is not None:
+        own = ("file", "src")
+        entries = [{k: v for k, v in e.items() if k not in own} for e in shown.pages]
+        kept = msgspec.structs.replace(part, pages=entries, bodies=shown.bodies)
+        fresh[name] = (key, msgspec.msgpack.encode(kept))
+    return _Shown(part, shown.written)
+
+
+class _Shown:
+    """One campaign's part of the document and the page files written for it."""
+
+    def __init__(self, part: _Campaign, written: list[Path]) -> None:
+        self.report, self.config, self.archive = part.report, part.config, part.archive
+        self.severities = {m: Counter(c) for m, c in part.severities.items()}
+        self.attempts, self.pages, self.total = part.attempts, part.pages, part.total
+        self.context = part.context
+        self.written = written
+
+    @classmethod
+    def of(cls, kept: _Campaign, index: int, pages: _Pages | None) -> _Shown:
+        """A kept part, its pages written again under this document's names."""
+        written, entries = [], []
+        for page, (entry, body) in enumerate(zip(kept.pages, kept.bodies, strict=True)):
+            assert pages is not None  # kept with pages only when written with them
+            name = f"c{index}-p{page + 1:04d}.js"
+            records = zlib.decompress(body).decode()
+            write_private_atomic(pages.make() / name, _page_text(index, page, records))
+            written.append(pages.make() / name)
+            entries.append({"file": name, "src": f"{pages.href}/{name}", **entry})
+        return cls(msgspec.structs.replace(kept, pages=entries), written)
+
+
+async def _read_campaign(
     store: EventStore,
     name: str,
     index: int,
@@ -851,6 +958,8 @@ class _Transcripts:
         self.paged = False
         self.pages: list[dict[str, Any]] = []
         self.written: list[Path] = []
+        self.bodies: list[bytes] = []
+        """Each page's records as embedded, zlib-compressed (what is kept)."""
         self.severities: dict[str, Counter[str]] = {}
         """Per counselor model: attempts per severity, or per outcome when unjudged."""
         self.context: dict[str, list[dict[str, Any]]] = {}
@@ -896,9 +1005,23 @@ class _Transcripts:
 
     def _page(self) -> None:
         assert self.folder is not None
-        entry = _page(self.folder, self.index, len(self.pages), self._batch, self._conversations)
-        self.pages.append(entry)
-        self.written.append(self.folder.make() / entry["file"])
+        records = embed_json(self._batch)
+        name = f"c{self.index}-p{len(self.pages) + 1:04d}.js"
+        write_private_atomic(
+            self.folder.make() / name, _page_text(self.index, len(self.pages), records)
+        )
+        self.pages.append(
+            {
+                "file": name,
+                "src": f"{self.folder.href}/{name}",
+                "attempts": len(self._batch),
+                "conversations": self._conversations,
+                "first": self._batch[0]["conversation"],
+                "last": self._batch[-1]["conversation"],
+            }
+        )
+        self.written.append(self.folder.make() / name)
+        self.bodies.append(zlib.compress(records.encode(), 6))
         self._batch, self._conversations = [], 0
 
 
@@ -906,22 +1029,9 @@ def _serial(shown: Shown) -> int:
     return shown[0]
 
 
-def _page(
-    pages: _Pages, campaign: int, page: int, batch: list[Any], conversations: int
-) -> dict[str, Any]:
-    """Write one page of transcripts; its entry in the document's data."""
-    name = f"c{campaign}-p{page + 1:04d}.js"
-    write_private_atomic(
-        pages.make() / name, f"mhsafeevalPage({campaign}, {page}, {embed_json(batch)});\n"
-    )
-    return {
-        "file": name,
-        "src": f"{pages.href}/{name}",
-        "attempts": len(batch),
-        "conversations": conversations,
-        "first": batch[0]["conversation"],
-        "last": batch[-1]["conversation"],
-    }
+def _page_text(campaign: int, page: int, records: str) -> str:
+    """A page file: one call with its records (:func:`embed_json`)."""
+    return f"mhsafeevalPage({campaign}, {page}, {records});\n"
 
 
 # -- comparing two campaigns (mhsafeeval compare --html) ---------------------------------------

@@ -17,6 +17,7 @@ from ._protocol import (
     StorageError,
     StoredEvent,
     StoreStats,
+    Summary,
     WriteCounts,
 )
 
@@ -60,6 +61,7 @@ class MemoryEventStore(AsyncResource):
         self._page_size = page_size
         self._clock = clock
         self._campaigns: dict[str, _Campaign] = {}
+        self._summaries: dict[tuple[str, str], Summary] = {}
         self._ids: set[str] = set()
         self._seq = 0
         self._closed = False
@@ -202,6 +204,26 @@ class MemoryEventStore(AsyncResource):
         await anyio.lowlevel.checkpoint()
         c = self._campaigns.get(campaign)
         return 0 if c is None else len(c.events)
+
+    async def last_seq(self, campaign: str) -> int:
+        """The seq of a campaign's newest event (0: none)."""
+        await anyio.lowlevel.checkpoint()
+        c = self._campaigns.get(campaign)
+        return c.events[-1].seq if c is not None and c.events else 0
+
+    async def summary(self, campaign: str, kind: str) -> Summary | None:
+        """A campaign's stored summary of ``kind`` (see the protocol)."""
+        await anyio.lowlevel.checkpoint()
+        return self._summaries.get((campaign, kind))
+
+    async def put_summary(self, campaign: str, kind: str, key: str, body: bytes) -> None:
+        """Store a campaign's summary of ``kind`` (see the protocol)."""
+        await anyio.lowlevel.checkpoint()
+        if self._closed:
+            raise StorageError("the event store is closed")
+        self._summaries[campaign, kind] = Summary(
+            key=key, body=bytes(body), written_at=self._clock()
+        )
 
 
 def _seq(event: StoredEvent) -> int:

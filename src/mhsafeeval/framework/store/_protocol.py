@@ -19,6 +19,7 @@ __all__ = [
     "StorageError",
     "StoreStats",
     "StoredEvent",
+    "Summary",
     "WriteCounts",
     "closing",
 ]
@@ -73,6 +74,23 @@ class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
     recorded_at: float
     message: Message | None
     body: bytes = b""
+
+
+class Summary(msgspec.Struct, frozen=True, kw_only=True):
+    """Something a reader derived from a campaign's events and kept beside them, so the next
+    reader need not fold them again (:meth:`EventStore.put_summary`).
+
+    Attributes:
+        key: What it was derived from, in the writer's own terms (for a report: the code that
+            folded it and the position of the log it read); a reader that finds another key
+            than its own folds the events again.
+        body: The summary, encoded by whoever wrote it.
+        written_at: Unix time it was stored.
+    """
+
+    key: str
+    body: bytes
+    written_at: float
 
 
 class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -265,6 +283,24 @@ class EventStore(Protocol):
 
     async def count(self, campaign: str) -> int:
         """Number of committed events of a campaign."""
+        ...
+
+    async def last_seq(self, campaign: str) -> int:
+        """The ``seq`` of a campaign's newest committed event (0 when it has none)."""
+        ...
+
+    async def summary(self, campaign: str, kind: str) -> Summary | None:
+        """The summary of ``kind`` last stored for a campaign (None: none was, or the file
+        predates summaries). It may be stale: compare its ``key`` with your own."""
+        ...
+
+    async def put_summary(self, campaign: str, kind: str, key: str, body: bytes) -> None:
+        """Store (or replace) a campaign's summary of ``kind``: never an event, never part of
+        the log, so a reader that ignores summaries loses nothing.
+
+        Raises:
+            StorageError: The store is read-only or closed.
+        """
         ...
 
 

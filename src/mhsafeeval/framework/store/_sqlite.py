@@ -30,6 +30,7 @@ from ._protocol import (
     StorageError,
     StoredEvent,
     StoreStats,
+    Summary,
     WriteCounts,
 )
 
@@ -37,6 +38,11 @@ __all__ = ["SqliteEventStore"]
 
 Row = tuple[str, str, str, int, int, str, str, float, bytes]
 
+_SUMMARIES = """CREATE TABLE IF NOT EXISTS summaries (
+    campaign TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, written_at REAL NOT NULL,
+    body BLOB NOT NULL, PRIMARY KEY (campaign, kind))"""
+# What readers derived from a campaign's events and kept (a report's figures): never events;
+# added in place by the first put_summary on an older file; readers tolerate its absence.
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS campaigns (
@@ -54,6 +60,7 @@ _SCHEMA = (
         seq INTEGER NOT NULL, id TEXT NOT NULL, campaign TEXT NOT NULL, type TEXT NOT NULL,
         recorded_at REAL NOT NULL, superseded_at REAL NOT NULL, body BLOB NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS events_campaign_type ON events (campaign, type)",
+    _SUMMARIES,
 )
 _INSERT_EVENT = """INSERT OR IGNORE INTO events
     (id, campaign, conversation, turn, attempt, branch, type, recorded_at, body)
@@ -461,6 +468,46 @@ class SqliteEventStore(AsyncResource):
         sql = "SELECT COUNT(*) FROM events WHERE campaign = ?"
         rows = list(await self._require_reader().execute_fetchall(sql, (campaign,)))
         return int(rows[0][0])
+
+    async def last_seq(self, campaign: str) -> int:
+        """The seq of a campaign's newest committed event (0: none)."""
+        sql = "SELECT MAX(seq) FROM events WHERE campaign = ?"
+        rows = list(await self._require_reader().execute_fetchall(sql, (campaign,)))
+        return int(rows[0][0] or 0)
+
+    async def summary(self, campaign: str, kind: str) -> Summary | None:
+        """A campaign's stored summary of ``kind`` (see the protocol)."""
+        sql = "SELECT key, body, written_at FROM summaries WHERE campaign = ? AND kind = ?"
+        try:
+            rows = list(await self._require_reader().execute_fetchall(sql, (campaign, kind)))
+        except sqlite3.OperationalError:  # a file from before the table existed
+            return None
+        if not rows:
+            return None
+        key, body, written_at = rows[0]
+        body = body.encode() if isinstance(body, str) else bytes(body)
+        return Summary(key=str(key), body=body, written_at=float(written_at))
+
+    async def put_summary(self, campaign: str, kind: str, key: str, body: bytes) -> None:
+        """Store a campaign's summary of ``kind`` in one shielded transaction (see the
+        protocol); the events queued before it are committed first."""
+        await self.flush()
+        writer = self._require_writer()
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                await writer.execute("BEGIN IMMEDIATE")
+                try:
+                    await writer.execute(_SUMMARIES)  # an older file: added in place
+                    await writer.execute(
+                        "INSERT OR REPLACE INTO summaries (campaign, kind, key, written_at, body)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        (campaign, kind, key, self._clock(), bytes(body)),
+                    )
+                    await writer.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await writer.execute("ROLLBACK")
+                    raise
 
 
 def _campaign_info(row: sqlite3.Row) -> CampaignInfo:
