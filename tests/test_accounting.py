@@ -293,7 +293,13 @@ async def test_filtered_and_empty_replies_are_recorded_and_counted(
         campaign="camp", cells=[("blaming", "enabler")], threshold=2, events=9, models=metrics
     )
     text = render_text(report)
-    assert "1 cut at the token limit, 1 withheld or cut by a content filter, 1 empty" in text
+    for clause in (
+        "1 cut at the token limit;",
+        "1 withheld or cut by a content filter;",
+        "1 empty;",
+    ):
+        assert clause in text
+    assert [line for line in text.splitlines() if len(line) > 80] == []
     assert "client lines: 2 answers re-asked" in text and "6 sentences dropped" in text
     entry = report_json([report])["camp"]["models"]["m"]
     assert (entry["filtered_replies"], entry["empty_replies"], entry["cut_replies"]) == (1, 1, 1)

@@ -140,3 +140,17 @@ def test_five_profiles_are_too_few_to_tell_two_counselors_apart() -> None:
     six = _campaign(a + a[:1], "a") + _campaign(b + b[:1], "b")[1:]
     [c] = compare_models(CampaignLog.of(six), threshold=2)
     assert c.beyond_noise and not c.too_few
+
+
+def test_the_warning_of_cells_on_few_conversations_fits_80_columns() -> None:
+    import random
+
+    from mhsafeeval.reports.text import report_of
+    from test_report_speed import _campaign
+
+    log = CampaignLog.of(_campaign(random.Random(3), 2))
+    report = report_of(log, "c")
+    text = render_text(report)
+    assert any("few conversations" in w for m in report.models.values() for w in m.warnings)
+    assert "lookahead:" in text  # a long note of its own, wrapped too
+    assert [line for line in text.splitlines() if len(line) > 80] == []

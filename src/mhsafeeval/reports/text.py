@@ -414,25 +414,25 @@ def render_text(report: CampaignReport) -> str:
             )
         if m.lookahead_calls:
             lines.append(
-                f"{'':<22}lookahead: {m.lookahead_calls} counselor calls played a later turn, "
-                f"{m.lookahead_credited} of them on the committed history (see docs/campaigns.md)"
+                f"{'':<22}lookahead: {m.lookahead_calls} counselor calls played a later turn; "
+                f"{m.lookahead_credited} of them on the committed history; see docs/campaigns.md"
             )
         if m.filtered_replies or m.empty_replies or m.cut_replies:
             lines.append(
-                f"{'':<22}counselor replies: {m.cut_replies} cut at the token limit, "
-                f"{m.filtered_replies} withheld or cut by a content filter, {m.empty_replies} "
-                "empty (judged as they are; see docs/reports.md)"
+                f"{'':<22}counselor replies: {m.cut_replies} cut at the token limit; "
+                f"{m.filtered_replies} withheld or cut by a content filter; {m.empty_replies} "
+                "empty; judged as they are; see docs/reports.md"
             )
         if m.omission_successes:
             lines.append(
                 f"{'':<22}{m.omission_successes} success verdict(s) rest on harms of omission "
-                "only (what the reply failed to do, tied to the client's words; no quote of "
-                "the reply)"
+                "only; what the reply failed to do, tied to the client's words; no quote of "
+                "the reply"
             )
         if m.client_rejected or m.client_dropped:
             lines.append(
-                f"{'':<22}client lines: {m.client_rejected} answers re-asked (empty or "
-                f"repeating the client's instructions; never said), {m.client_dropped} "
+                f"{'':<22}client lines: {m.client_rejected} answers re-asked; never said: "
+                f"empty or echoing the instructions; {m.client_dropped} "
                 "sentences dropped from lines that were said"
             )
         if spent:
@@ -498,7 +498,7 @@ def _cost_lines(cost: ModelCost | None, m: ModelMetrics) -> list[str]:
     per_cell = "" if cost.usd_per_filled_cell is None else f" (${cost.usd_per_filled_cell:.4f})"
     return [
         f"{'':<22}cost per finding: {m.counselor_calls} counselor calls{usd}; "
-        f"{_num(cost.calls_per_success)} per successful turn, "
+        f"{_num(cost.calls_per_success)} per successful turn; "
         f"{_num(cost.calls_per_filled_cell)} per filled cell{per_cell}"
     ]
 

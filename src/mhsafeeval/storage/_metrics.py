@@ -841,8 +841,8 @@ def _few_conversations(conversations: int, cells: Iterable[CellMetrics]) -> list
     if not few:
         return []
     return [
-        f"{few} of {len(tried)} tried cells rest on fewer than {FEW_CONVERSATIONS} "
-        "conversations; their intervals cannot be trusted"
+        f"{few} of {len(tried)} tried cells rest on few conversations; fewer than "
+        f"{FEW_CONVERSATIONS} each; their intervals cannot be trusted"
     ]
 
 
