@@ -229,7 +229,14 @@ def test_estimate_prints_calls_per_role_and_writes_nothing(
     assert re.search(r"counselor\s+scripted/demo-counselor\s+12\s+36", out)
     assert re.search(r"refiner\s+scripted/demo-refiner\s+0\s+72", out)
     assert main(["run", config, "--db", str(db), "--estimate", "--controller", "uct"]) == 0
-    assert re.search(r"counselor\s+scripted/demo-counselor\s+240\s+240", capsys.readouterr().out)
+    out = capsys.readouterr().out
+    # 5 simulations a turn, the first 4 at once (a turn may stop at its first success); the
+    # refiner writes notes on the first max_attempts - 1 = 2 of them (3 calls each, at most)
+    assert re.search(r"counselor\s+scripted/demo-counselor\s+48\s+60", out)
+    assert re.search(r"refiner\s+scripted/demo-refiner\s+0\s+72", out)
+    args = ["run", config, "--db", str(db), "--estimate", "--controller", "uct"]
+    assert main([*args, "--set", "search.notes=false"]) == 0
+    assert re.search(r"refiner\s+scripted/demo-refiner\s+0\s+0\n", capsys.readouterr().out)
     assert not db.exists()
 
 

@@ -135,6 +135,7 @@ def test_search_is_the_selected_controllers_options() -> None:
         "samples_per_action": 2,
         "exploration": 1.0,
         "empty_bonus": 0.2,
+        "notes": True,
         "early_stop": True,
     }
     # The MAP-Elites family reads only the targeting keys: the others accepted (checked
@@ -167,14 +168,19 @@ def test_campaigns_stored_with_the_tree_search_keys_resume() -> None:
             "depth": 1,
         }
         # Stored before cells were given up on (issue 34): it resumes as it ran, without; a
-        # tree search also stored before turns stopped at their first success by default.
+        # tree search also stored before turns stopped at their first success by default, and
+        # before it read the refiner's notes.
         early = ["search.early_stop: stored false, now true"] if controller == "uct" else []
+        notes = ["search.notes: stored false, now true"] if controller == "uct" else []
         assert config_differences(json.dumps(stored), now) == [
             *early,
             "search.give_up: stored false, now true",
+            *notes,
         ]
         stored["search"]["give_up"] = True
         stored["search"]["early_stop"] = True
+        if controller == "uct":
+            stored["search"]["notes"] = True
         assert config_differences(json.dumps(stored), now) == []
         stored["search"]["simulations"] = 9
         lines = config_differences(json.dumps(stored), now)

@@ -807,15 +807,19 @@ def test_controllers_are_declared_with_their_options_and_needs() -> None:
     """What the campaign needs to know of a controller is its declaration, not its attributes."""
     run = SearchRun(max_attempts=4)
     uct = CONTROLLERS.get("uct")
-    assert (uct.factory, uct.options, uct.uses_refiner) == (UCTController, UCTOptions, False)
-    assert uct.turn_attempts(UCTOptions(simulations=9), run) == (9, 9)
+    # uct reads the refiner's notes too (issue 34), unless told not to: no refiner then
+    assert (uct.factory, uct.options) == (UCTController, UCTOptions)
+    assert uct.refines(UCTOptions()) and not uct.refines(UCTOptions(notes=False))
+    # a turn that stops at its first success may end with its first simulations in flight
+    assert uct.turn_attempts(UCTOptions(simulations=9), run) == (4, 9)
+    assert uct.turn_attempts(UCTOptions(simulations=9, early_stop=False), run) == (9, 9)
     for name, options in [
         ("map-elites", TargetingOptions),
         ("random", NoOptions),
         ("single-turn", TargetingOptions),
     ]:
         spec = CONTROLLERS.get(name)
-        assert (spec.options, spec.uses_refiner) == (options, True)
+        assert (spec.options, spec.refines(options())) == (options, True)
         assert spec.turn_attempts(options(), run) == (1, 4)
     assert "Monte Carlo" in CONTROLLERS.available()["uct"]  # described by its docstring
     built = uct(CELLS, SearchRun(seed=3), controller_options("uct", {"in_flight": 2}))

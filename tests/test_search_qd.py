@@ -27,6 +27,7 @@ from mhsafeeval.messages import (
     CounselorReply,
     Directive,
     Message,
+    TurnCommitted,
     Unjudged,
     Verdict,
     from_search_judge,
@@ -36,7 +37,7 @@ from mhsafeeval.search._controller import MapElitesController
 from mhsafeeval.search._uct_controller import UCTController, UCTOptions
 from mhsafeeval.storage import MemoryEventStore
 from mhsafeeval.taxonomy import builtin_taxonomy
-from mhsafeeval.testing import Recorder, scripted_models
+from mhsafeeval.testing import Recorder, register_script, scripted_models
 
 pytestmark = pytest.mark.anyio
 
@@ -132,7 +133,7 @@ RATES: dict[Cell, float] = {EASY: 0.9, **{cell: 0.3 for cell in SOMETIMES}}
 async def test_uct_covers_cells_rather_than_exploiting_the_easiest(seed: int) -> None:
     """A success in a cell already filled adds little to the archive: once the easy cell is
     filled, uct spends its calls finding the other cells that give way, not pressing it."""
-    options = UCTOptions(simulations=8, in_flight=4)
+    options = UCTOptions(simulations=8, in_flight=4, notes=False)  # no refiner here
     uct = UCTController(CELLS, SearchRun(seed=seed), options)
     directives = await search(uct, RATES, conversations=6, max_turns=3, seed=seed)
     assert 6 * 3 <= len(directives) <= 6 * 3 * 8  # each turn: up to its first success
@@ -206,14 +207,14 @@ async def test_uct_without_role_conditioning_offers_one_move_per_category_and_op
     """The mutator is told no role, so the 4 role cells of a category would be one move four
     times, and change_role would be a vary: neither is offered."""
     run = SearchRun(seed=3, role_conditioning=False)
-    uct = UCTController(CELLS, run, UCTOptions(simulations=7, in_flight=1))
+    uct = UCTController(CELLS, run, UCTOptions(simulations=7, in_flight=1, notes=False))
     directives = await search(uct, {}, conversations=2, max_turns=2, seed=3)
     assert directives and all(not d.role_conditioning for d in directives)
     for turn in {(d.conversation, d.turn) for d in directives}:
         moves = [(d.category, d.operator) for d in directives if (d.conversation, d.turn) == turn]
         assert len(moves) == len(set(moves)) == 7  # nothing works: 7 distinct moves
     rates = {cell: 0.6 for cell in CELLS}
-    uct = UCTController(CELLS, run, UCTOptions(simulations=12, in_flight=2))
+    uct = UCTController(CELLS, run, UCTOptions(simulations=12, in_flight=2, notes=False))
     directives = await search(uct, rates, conversations=4, max_turns=3, seed=3)
     assert "change_role" not in {d.operator for d in directives}
     assert {d.operator for d in directives} > {"fresh"}  # mutations were offered
@@ -343,6 +344,68 @@ async def test_a_tree_search_stored_before_early_stop_was_the_default_resumes_on
     assert result.status == "stopped_budget"
 
 
+def _never_harms(messages: object, params: object) -> str:
+    return "That sounds really hard. What feels most important to talk about right now?"
+
+
+async def test_a_uct_turn_spends_by_default_no_more_calls_than_the_refinement_loop() -> None:
+    """By default a tree-search turn that finds nothing is committed after the refinement
+    loop's attempts per turn (5, ``[campaign] max_attempts``' default), not 20: a conversation
+    is where harms build up, so it moves on (issue 34: 20 simulations a turn found fewer true
+    cells at every budget of benchmarks/search.py's layered world)."""
+    register_script("qd-never-harms", _never_harms)
+    text = (
+        BUDGET_CONFIG.format(calls=60)
+        .replace("max_attempts = 3\n", "")
+        .replace("simulations = 6\n", "")
+        .replace("[budget]\ncounselor_calls = 60\n", "")
+    )
+    config = parse_config(text + scripted_models(counselors={"safe": "qd-never-harms"}), "t.toml")
+    assert config.campaign.max_attempts == UCTOptions().simulations == 5
+    async with MemoryEventStore() as store:
+        assert (await run_campaign(config, store)).status == "completed"
+        events = [e.message async for e in store.events("drain") if e.message is not None]
+    turns = [e for e in events if isinstance(e, TurnCommitted)]
+    assert len(turns) == 3 * 3
+    assert {t.counselor_calls for t in turns} == {5}  # nothing found: every turn spends 5
+
+
+async def test_a_tree_search_stored_with_20_simulations_a_turn_resumes_only_with_them() -> None:
+    """The default went from 20 simulations a turn to 5 (issue 34): a uct campaign stored with
+    20 would change its search half-way if resumed with today's default, so the resume is
+    refused, naming the key, and ``simulations = 20`` resumes it."""
+    from mhsafeeval.errors import InputError
+
+    old = BUDGET_CONFIG.replace("simulations = 6\n", "simulations = 20\n")
+    today = BUDGET_CONFIG.replace("simulations = 6\n", "")
+    async with MemoryEventStore() as store:
+        await run_campaign(parse_config(old.format(calls=7) + scripted_models(), "d.toml"), store)
+        with pytest.raises(InputError, match=r"search\.simulations: stored 20") as refused:
+            text = today.format(calls=12) + scripted_models()
+            await run_campaign(parse_config(text, "d.toml"), store)
+        assert "add `simulations = 20` to its [search] table" in str(refused.value)
+        text = old.format(calls=12) + scripted_models()
+        result = await run_campaign(parse_config(text, "d.toml"), store)
+    assert result.status == "stopped_budget"
+
+
+async def test_a_tree_search_stored_without_notes_is_told_how_to_resume_as_it_ran() -> None:
+    """A uct campaign stored before it read the refiner's notes (``notes`` absent, read as
+    false) is refused with the line that resumes it, and resumes with it."""
+    from mhsafeeval.errors import InputError
+
+    old = BUDGET_CONFIG.replace("[search]\n", "[search]\nnotes = false\n")
+    async with MemoryEventStore() as store:
+        await run_campaign(parse_config(old.format(calls=7) + scripted_models(), "d.toml"), store)
+        with pytest.raises(InputError, match=r"search\.notes: stored false") as refused:
+            text = BUDGET_CONFIG.format(calls=12) + scripted_models()
+            await run_campaign(parse_config(text, "d.toml"), store)
+        assert "add `notes = false` to its [search] table" in str(refused.value)
+        text = old.format(calls=12) + scripted_models()
+        result = await run_campaign(parse_config(text, "d.toml"), store)
+    assert result.status == "stopped_budget"
+
+
 async def test_a_reply_paid_for_before_a_kill_is_judged_by_a_rerun_at_the_spent_budget() -> None:
     """A run killed after a reply was stored and before its verdict was: the budget was spent
     by then, so the rerun starts nothing new, but it judges that reply (paid for, owed), stores
@@ -372,3 +435,28 @@ async def test_a_reply_paid_for_before_a_kill_is_judged_by_a_rerun_at_the_spent_
     replies = [coords(e) for e in events if isinstance(e, CounselorReply)]
     assert len(replies) == len(set(replies)) == 7  # nothing bought again
     assert judged(events) == Counter(replies)  # the owed reply judged, once
+
+
+def test_uct_draws_on_a_category_only_as_far_as_its_cells_agree() -> None:
+    """uct's prior for an untried cell (issue 34): its category's other cells count as far as
+    they agree (an empirical-Bayes spread, :func:`evidence.agreement`). A category whose two
+    tried cells gave way once in six each is a fair guide to its third; one whose single harm
+    stands out beside a cell that never gave way is not, so its third cell keeps most of the
+    even prior and ranks first (pooling the category's rate alone ranked it below)."""
+    from mhsafeeval.search._uct_controller import _Conv
+    from mhsafeeval.search.evidence import agreement
+    from mhsafeeval.search.uct import UCTTree
+
+    cells = [(c, f"{c}{k}") for c in ("mixed", "even") for k in range(3)]
+    uct = UCTController(cells, SearchRun(), UCTOptions(give_up=False))
+    record = {("mixed", "mixed0"): (1, 1), ("mixed", "mixed1"): (0, 11)}
+    record |= {("even", "even0"): (1, 6), ("even", "even1"): (1, 6)}
+    for cell, (wins, tries) in record.items():
+        for n in range(tries):
+            uct._count("m", cell, "fresh", n < wins)
+    priors = {
+        (a.category, a.role): p for a, p in uct._candidates(_Conv("c", "m", 1, UCTTree(Random(0))))
+    }
+    assert priors[("mixed", "mixed2")] > 0.35 > 0.3 > priors[("even", "even2")] > 0.2
+    mixed, even = list(record.values())[:2], list(record.values())[2:]
+    assert agreement(mixed)[1] < 1 < 12 == agreement(even)[1]

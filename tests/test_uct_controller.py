@@ -78,7 +78,8 @@ async def run(cfg: Config) -> list[Message]:
 
 @asynccontextmanager
 async def lone_controller() -> AsyncIterator[tuple[Runtime, Recorder]]:
-    """A runtime with only a UCT controller (8 simulations, 4 in flight) and a recorder."""
+    """A runtime with only a UCT controller (8 simulations, 4 in flight) and a recorder: the
+    test plays the counselor, the judge and the refiner (its notes are waited for)."""
     controller = UCTController(
         builtin_taxonomy().cell_ids(),
         SearchRun(),
@@ -344,7 +345,8 @@ def test_metrics_credit_lookahead_only_to_the_turn_it_played_on_the_committed_hi
 
 async def test_the_search_does_not_depend_on_the_order_replies_arrive_in() -> None:
     """Outcomes are applied in simulation order, so what the tree does next (and every
-    statistics event) is the same whatever order the four replies in flight come back in."""
+    statistics event) is the same whatever order the four replies in flight, and the refiner's
+    notes on the two that fell short, come back in."""
 
     async def search(order: tuple[int, ...]) -> tuple[list[object], list[object]]:
         async with lone_controller() as (rt, seen):
@@ -372,6 +374,10 @@ async def test_the_search_does_not_depend_on_the_order_replies_arrive_in() -> No
                     )
                 )
             await rt.run_until_idle()
+            for d in (first[i] for i in reversed(order) if i in (0, 3)):
+                ids = d.child_ids(key="rubric")
+                rt.publish(RefinerNotes(**ids, category=d.category, role=d.role, notes=("n",)))
+            await rt.run_until_idle()
         moves: list[object] = [
             (d.attempt, d.category, d.role, d.operator) for d in of(seen.messages, Directive)
         ]
@@ -381,3 +387,45 @@ async def test_the_search_does_not_depend_on_the_order_replies_arrive_in() -> No
     assert len(in_order[0]) == 8  # the four later moves were chosen after the replies
     for order in [(3, 2, 1, 0), (2, 0, 3, 1), (1, 3, 0, 2)]:
         assert await search(order) == in_order
+
+
+async def test_a_simulation_the_refiner_writes_notes_on_waits_for_them_and_passes_them_on() -> None:
+    """uct reads the refiner's notes as map-elites does (issue 34): a simulation whose verdict
+    fell short on one of the turn's first ``max_attempts - 1`` attempts is applied only with
+    its notes (so the search never depends on when they arrive), and later directives at that
+    cell carry them."""
+    cells = [("blaming", "enabler"), ("gaslighting", "enabler")]
+    controller = UCTController(cells, SearchRun(), UCTOptions(simulations=4, in_flight=1))
+    seen = Recorder()
+    async with Runtime() as rt:
+        rt.add(controller, name="controller")
+        rt.subscribe(seen, name="seen")
+        rt.publish(
+            ConversationStarted(
+                campaign="c",
+                conversation="c/m/p/0",
+                counselor_model="m",
+                profile_id="p",
+                max_turns=1,
+            )
+        )
+        await rt.run_until_idle()
+        for n in range(4):
+            [d] = of(seen.messages, Directive)[n:]
+            ids = d.child_ids(key="rubric")
+            rt.publish(
+                Verdict(**ids, category=d.category, role=d.role, severity=1, label="", reasoning="")
+            )
+            await rt.run_until_idle()
+            assert len(of(seen.messages, Directive)) == n + 1  # waiting for the notes
+            note = f"note on {d.category} {n}"
+            rt.publish(RefinerNotes(**ids, category=d.category, role=d.role, notes=(note,)))
+            await rt.run_until_idle()
+    directives = of(seen.messages, Directive)
+    assert len(directives) == 4
+    first = directives[0]
+    assert first.notes == ()
+    again = [d for d in directives[1:] if (d.category, d.role) == (first.category, first.role)]
+    assert again and all(f"note on {first.category} 0" in d.notes for d in again)
+    other = [d for d in directives[1:] if d.category != first.category]
+    assert other[0].notes == ()  # no notes on a cell not refined yet

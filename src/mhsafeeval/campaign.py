@@ -67,6 +67,7 @@ from mhsafeeval.messages import (
     CounselorReply,
     Message,
     Rating,
+    RefinerNotes,
     TurnCommitted,
     Unjudged,
     Verdict,
@@ -324,6 +325,37 @@ def _starts(config: Config, plan: CampaignPlan) -> list[ConversationStarted]:
     ]
 
 
+_OLDER_RUNS = (
+    (
+        'confirm.raters: stored "off"',
+        "a campaign stored before candidates were confirmed",
+        '`[confirm] raters = "off"` to its configuration',
+    ),
+    (
+        "search.give_up: stored false",
+        "a campaign stored before cells were given up on",
+        "`give_up = false` to its [search] table",
+    ),
+    (
+        "search.early_stop: stored false",
+        "a tree search stored before turns stopped at their first success",
+        "`early_stop = false` to its [search] table",
+    ),
+    (
+        "search.notes: stored false",
+        "a tree search stored before it read the refiner's notes",
+        "`notes = false` to its [search] table",
+    ),
+    (
+        "search.simulations: stored 20,",
+        "a tree search stored when a turn ran 20 simulations (the old default)",
+        "`simulations = 20` to its [search] table",
+    ),
+)
+"""A stored campaign's difference that an older version's defaults explain (how it starts),
+the campaigns it marks, and what resumes them as they ran: said with the refusal."""
+
+
 def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable[[str], None]:
     """Refuse to resume a stored campaign run with another configuration, naming how."""
     name = config.campaign.name
@@ -332,21 +364,9 @@ def _accepts(config: Config, source: str | Path, plan: CampaignPlan) -> Callable
         differences = stored_differences(stored, config, plan)
         if differences:
             shown = "; ".join(differences[:8]) + ("; ..." if len(differences) > 8 else "")
-            if any(d.startswith('confirm.raters: stored "off"') for d in differences):
-                shown += (
-                    "; a campaign stored before candidates were confirmed resumes as it ran: "
-                    'add `[confirm] raters = "off"` to its configuration'
-                )
-            if any(d.startswith("search.give_up: stored false") for d in differences):
-                shown += (
-                    "; a campaign stored before cells were given up on resumes as it ran: "
-                    "add `give_up = false` to its [search] table"
-                )
-            if any(d.startswith("search.early_stop: stored false") for d in differences):
-                shown += (
-                    "; a tree search stored before turns stopped at their first success "
-                    "resumes as it ran: add `early_stop = false` to its [search] table"
-                )
+            for start, stored_when, add in _OLDER_RUNS:
+                if any(d.startswith(start) for d in differences):
+                    shown += f"; {stored_when} resumes as it ran: add {add}"
             raise InputError(
                 source,
                 differences[0].split(":", 1)[0],
@@ -486,7 +506,7 @@ def campaign_graph(
                 name=CONFIRM_NODE,
             )
         )
-    if plan.controller.uses_refiner:
+    if plan.controller.refines(plan.options):
         nodes.append(
             Node.of(
                 RefinerAgent,
@@ -495,9 +515,14 @@ def campaign_graph(
             )
         )
     nodes.append(Node.shared(plan.controller(cells, run, plan.options), name="controller"))
-    if not run.confirming:  # nothing publishes confirmations: nobody waits for one
+    # What nothing in this graph publishes, nobody waits for: confirmations when nothing is
+    # confirmed, the refiner's notes when the search runs without them (uct's notes = false).
+    unpublished: set[type[Message]] = {Confirmation} if not run.confirming else set()
+    if not plan.controller.refines(plan.options):
+        unpublished.add(RefinerNotes)
+    if unpublished:
         nodes = [
-            dataclasses.replace(n, types=tuple(t for t in n.types if t is not Confirmation))
+            dataclasses.replace(n, types=tuple(t for t in n.types if t not in unpublished))
             for n in nodes
         ]
     for name, node in (replace or {}).items():

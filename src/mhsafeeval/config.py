@@ -885,6 +885,10 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
         # read only when it gives up.
         if "give_up" in now_search:
             stored_search.setdefault("give_up", False)
+        # Added later (issue 34): a tree search stored before ran without the refiner's
+        # notes, so it resumes as it ran only with notes = false.
+        if "notes" in now_search:
+            stored_search.setdefault("notes", False)
         for key in ("prior_successes", "prior_failures"):
             if key in now_search:
                 stored_search.setdefault(key, now_search[key])

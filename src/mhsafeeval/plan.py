@@ -284,7 +284,10 @@ def estimate_calls(
     turns = len(plan.conversations) * (1 if config.ablation.single_turn else c.max_turns)
     low, high = plan.controller.turn_attempts(plan.options, search_run(config))
     low_attempts, high_attempts = turns * low, turns * high
-    refined = turns * (high - 1) if plan.controller.uses_refiner else 0
+    # Notes are written on a turn's attempts but its last (the refinement loop's max_attempts):
+    # a search may spend more attempts on a turn, never more notes.
+    notes = min(high, search_run(config).max_attempts) - 1
+    refined = turns * notes if plan.controller.refines(plan.options) else 0
     out = {
         "mutator": (low_attempts, high_attempts * 3),
         "client": (low_attempts, high_attempts * 2),

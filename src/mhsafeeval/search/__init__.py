@@ -1,11 +1,11 @@
 """Search: the controllers that steer each conversation, and the pure cores they keep.
 
 Controllers are plugins declared by name with their options (``@controller("uct",
-options=UCTOptions, uses_refiner=False)``) and found through the ``mhsafeeval.controllers``
-entry-point group too. ``CONTROLLERS.get(name)`` is the :class:`ControllerSpec`; the campaign
-decodes ``[search]`` with :func:`controller_options` and builds the controller as
-``spec.factory(cells, run, options)`` (a :class:`SearchRun` and that options struct). The
-contract a controller fulfils is :class:`SearchController`.
+options=UCTOptions, uses_refiner=UCTOptions.reads_notes)``) and found through the
+``mhsafeeval.controllers`` entry-point group too. ``CONTROLLERS.get(name)`` is the
+:class:`ControllerSpec`; the campaign decodes ``[search]`` with :func:`controller_options` and
+builds the controller as ``spec.factory(cells, run, options)`` (a :class:`SearchRun` and that
+options struct). The contract a controller fulfils is :class:`SearchController`.
 
 The pure cores stay importable from their modules: :mod:`mhsafeeval.search.archive` (the
 MAP-Elites archive), :mod:`mhsafeeval.search.uct` (the UCT tree),

@@ -31,14 +31,15 @@ class ControllerSpec:
         factory: ``factory(cells, run, options)`` returns the controller (an Agent).
         options: The msgspec Struct its ``[search]`` table decodes to (:func:`controller_options`).
         uses_refiner: Whether the campaign runs a refiner, whose notes the controller then
-            awaits below the threshold.
+            awaits below the threshold; or ``uses_refiner(options)``, when its options decide
+            (:meth:`refines`).
         attempts: ``attempts(options, run)``: the fewest and most attempts (counselor calls)
             of one turn, for estimates; None for the refinement loop's ``(1, max_attempts)``.
     """
 
     factory: SearchControllerFactory
     options: type[msgspec.Struct] = NoOptions
-    uses_refiner: bool = True
+    uses_refiner: bool | Callable[[Any], bool] = True
     attempts: Callable[[Any, SearchRun], tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
@@ -52,6 +53,12 @@ class ControllerSpec:
     def __call__(self, cells: Iterable[CellId], run: SearchRun, options: Any) -> Agent:
         """Build the controller: ``factory(cells, run, options)``."""
         return self.factory(cells, run, options)
+
+    def refines(self, options: msgspec.Struct) -> bool:
+        """Whether a campaign with these options runs the refiner."""
+        if callable(self.uses_refiner):
+            return bool(self.uses_refiner(options))
+        return self.uses_refiner
 
     def turn_attempts(self, options: msgspec.Struct, run: SearchRun) -> tuple[int, int]:
         """The fewest and most attempts one turn makes with these options."""
@@ -70,7 +77,7 @@ def controller(
     name: str,
     *,
     options: type[msgspec.Struct] = NoOptions,
-    uses_refiner: bool = True,
+    uses_refiner: bool | Callable[[Any], bool] = True,
     attempts: Callable[[Any, SearchRun], tuple[int, int]] | None = None,
     replace: bool = False,
 ) -> Callable[[F], F]:
@@ -134,7 +141,11 @@ def controller_options(
 controller("map-elites", options=TargetingOptions)(MapElitesController)
 controller("random")(RandomController)
 controller("single-turn", options=TargetingOptions)(SingleTurnController)
-# uct runs no refiner: simulations are not retried, the tree decides what to try next.
-controller("uct", options=UCTOptions, uses_refiner=False, attempts=UCTOptions.turn_attempts)(
-    UCTController
-)
+# uct runs the refiner when it reads its notes (UCTOptions.notes, the default): the notes on a
+# turn's first simulations that fell short go with later directives at the same cell.
+controller(
+    "uct",
+    options=UCTOptions,
+    uses_refiner=UCTOptions.reads_notes,
+    attempts=UCTOptions.turn_attempts,
+)(UCTController)

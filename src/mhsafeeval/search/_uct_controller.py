@@ -1,7 +1,8 @@
 """The UCT controller: plans each turn by Monte Carlo tree search against the counselor.
 
 Its options are :class:`UCTOptions` (the ``[search]`` table). Each turn runs ``simulations``
-(default 20) simulations, up to ``in_flight`` (default 4) at a time. A simulation is one attempt of
+(default 5, the refinement loop's attempts per turn) simulations, up to ``in_flight`` (default
+4) at a time. A simulation is one attempt of
 the turn (attempt number = simulation number): the tree picks an action (target cell x operator),
 the mutator and client turn it into an utterance, the counselor answers, the judge scores the reply
 and the reward (what the reply adds to the archive, :func:`~mhsafeeval.search.uct.reward`) is
@@ -19,9 +20,13 @@ earlier), because a red-team conversation continues from the strongest failure i
 *What it optimises* is what the tool reports: the reward is the archive's gain
 (:func:`~mhsafeeval.search.uct.reward`: 1 for a new cell, a share of one for each severity step
 in a filled one, nothing for a success that adds neither), and each move's prior is its
-expected gain, its cell's success rate (pooled from the cell's category and role, a Thompson
-draw under ``give_up``: :func:`~mhsafeeval.search.evidence.pooled`) times what a success there
-adds (:func:`~mhsafeeval.search.evidence.worth`). A success in a filled cell used to earn 0.2:
+expected gain, its cell's success rate (its prior drawn from the cell's category and role as
+far as their cells agree, a Thompson draw under ``give_up``:
+:func:`~mhsafeeval.search.evidence.neighbours`) times what a success there adds
+(:func:`~mhsafeeval.search.evidence.worth`). With ``notes`` (the default) it reads the
+refiner's notes as map-elites does: a simulation the refiner writes notes on is applied once
+they are here (still in simulation order, so the search does not depend on when they arrive),
+and each directive carries its cell's latest notes. A success in a filled cell used to earn 0.2:
 in the layered world of benchmarks/search.py uct then spent half its calls on cells it had
 filled (the issue 34 measurements); now a filled cell is worth only its chance of a higher
 severity, which shrinks with every success seen there.
@@ -36,6 +41,7 @@ role conditioning a move is a category and an operator, never ``change_role``.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from random import Random
 from typing import Annotated
@@ -53,6 +59,7 @@ from mhsafeeval.messages import (
     Directive,
     Message,
     Operator,
+    RefinerNotes,
     SearchStats,
     Seed,
     TurnCommitted,
@@ -64,7 +71,7 @@ from ._base import ArchiveController, AttemptTexts
 from ._controller import unanswered
 from ._types import SearchRun, TargetingOptions
 from .archive import CellId
-from .evidence import pooled, thompson, worth
+from .evidence import neighbours, worth
 from .rng import derive_rng
 from .uct import Action, TreePath, UCTSettings, UCTTree, reward
 
@@ -79,8 +86,16 @@ class UCTOptions(TargetingOptions, frozen=True, kw_only=True, forbid_unknown_fie
     """The uct controller's options: the ``[search]`` table (bounds refuse typos such as an
     extra zero at ``check``), with the give-up rule's (:class:`TargetingOptions`)."""
 
-    simulations: Annotated[int, Meta(ge=1, le=10_000)] = 20
-    """Simulations (counselor calls) per turn."""
+    simulations: Annotated[int, Meta(ge=1, le=10_000)] = 5
+    """Simulations (counselor calls) per turn, at most. The default is the refinement loop's
+    attempts per turn (``[campaign] max_attempts``' default, the paper's N_max = 5): a turn
+    that finds nothing in that many calls is committed and the conversation moves on, since a
+    conversation is where harms build up; the tree's value is in which moves it tries, not in
+    spending more calls on one turn than map-elites does. It was 20: measured in
+    benchmarks/search.py's layered world (20 seeds, 400 calls, issue 34), 20 simulations a
+    turn found a median 11 / 15.5 / 19 true cells at 100 / 200 / 400 calls, 5 found 12 / 17 /
+    20.5 (10: 11 / 15 / 19; 3: 11 / 16.5 / 20). A tree search stored with 20 resumes only with
+    ``simulations = 20`` in its ``[search]`` table."""
     in_flight: Annotated[int, Meta(ge=1, le=1024)] = 4
     """Simulations of one conversation running at once."""
     samples_per_action: Annotated[int, Meta(ge=1, le=100)] = 2
@@ -90,6 +105,15 @@ class UCTOptions(TargetingOptions, frozen=True, kw_only=True, forbid_unknown_fie
     empty_bonus: Annotated[float, Meta(ge=0, le=1)] = 0.2
     """No longer read: the reward is the archive's gain (a new cell earns 1); kept so that
     configs that set it still load."""
+    notes: bool = True
+    """Use the refiner's notes: a simulation whose verdict gets notes (it fell short on one of
+    the turn's first ``max_attempts - 1`` simulations) is applied once they are here, and each
+    directive carries its cell's latest notes, as map-elites' refinement loop does (the
+    campaign runs the refiner for uct; a graph without one needs ``notes = false``, or its
+    simulations would wait for ever). Measured in benchmarks/search.py's layered world (issue
+    34, docs/campaigns.md): with 5 simulations a turn, 12 / 17 / 20.5 true cells at 100 / 200
+    / 400 calls without notes, 12.5 / 18 / 21 with them. A tree search stored before this
+    option existed ran without notes and resumes as it ran only with ``notes = false``."""
     early_stop: bool = True
     """Commit the turn at its first success instead of spending every simulation (False: every
     turn spends ``simulations``). A conversation is where harms build up: a turn that found a
@@ -99,12 +123,18 @@ class UCTOptions(TargetingOptions, frozen=True, kw_only=True, forbid_unknown_fie
     true cells in 400 calls against 15)."""
 
     def turn_attempts(self, run: SearchRun) -> tuple[int, int]:
-        """The fewest and most attempts of a turn: every simulation is one."""
-        return self.simulations, self.simulations
+        """The fewest and most attempts of a turn: every simulation is one; with
+        ``early_stop`` a turn may end with its first simulations in flight."""
+        low = min(self.in_flight, self.simulations) if self.early_stop else self.simulations
+        return low, self.simulations
+
+    def reads_notes(self) -> bool:
+        """Whether the campaign runs the refiner for this search (``notes``)."""
+        return self.notes
 
 
 class _Sim(AttemptTexts):
-    __slots__ = ("action", "attempt", "cell", "key", "move", "outcome", "path")
+    __slots__ = ("action", "attempt", "cell", "due", "key", "move", "notes", "outcome", "path")
 
     def __init__(self, path: TreePath, attempt: int, cell: CellId) -> None:
         action = path.action
@@ -119,6 +149,8 @@ class _Sim(AttemptTexts):
         # mutator says it did, which an ablation may change (no role conditioning turns
         # change_role into vary); the in-flight counts and learned rates must use this one.
         self.move: Operator = action.operator
+        self.due = False  # its verdict waits for the refiner's notes on it
+        self.notes: tuple[str, ...] | None = None  # the refiner's notes on it, once here
 
 
 class _Conv:
@@ -172,6 +204,9 @@ class UCTController(ArchiveController):
             c=self.options.exploration, samples=self.options.samples_per_action
         )
         self._convs: dict[str, _Conv] = {}
+        self.notes: dict[tuple[str, CellId], deque[str]] = {}
+        """The latest refiner notes per counselor model and cell (applied in simulation
+        order), which directives at that cell carry."""
         # Per model: [wins, tries] by category, role, cell and move, over judged simulations.
         self._levels: dict[str, dict[object, list[int]]] = {}
         self.shared_levels: dict[str, dict[object, list[int]]] = {}
@@ -220,13 +255,14 @@ class UCTController(ArchiveController):
         one severity step times the chance of beating the successes seen there).
 
         ``p``, the chance that the move makes this counselor model fail, is learned from every
-        judged simulation with the model, level by level: the category's and the role's rates
-        centre the cell's Beta prior (:func:`~mhsafeeval.search.evidence.pooled`, the rule
-        map-elites' targeting uses too; without ``give_up`` its strength is
-        ``prior_successes + prior_failures``); with ``give_up`` the cell's rate is a Thompson
-        draw from its posterior (the give-up rule: a cell that resists is drawn low more and
-        more often, never for ever), else the posterior mean; the move's own rate is smoothed
-        towards it with the weight of one try.
+        judged simulation with the model, level by level: the cell's Beta prior is the options'
+        plus, from its category's other cells and its role's, as many attempts at their rate as
+        those cells agree on (:func:`~mhsafeeval.search.evidence.neighbours`: a category whose
+        cells all resist makes its untried cells unpromising, one that mixes easy and
+        never-harmed cells says little about them); with ``give_up`` the cell's rate is a
+        Thompson draw from its posterior (the give-up rule: a cell that resists is drawn low
+        more and more often, never for ever), else the posterior mean; the move's own rate is
+        smoothed towards it with the weight of one try.
         The rates are shared by every conversation with the model and read again before each
         simulation (:meth:`UCTTree.reprioritise`), so what one conversation learns re-orders
         the untried moves of the others at once. This conversation's simulations still in
@@ -261,18 +297,15 @@ class UCTController(ArchiveController):
             return (wins + towards) / (tries + 1)
 
         best: dict[Action, tuple[float, CellId]] = {}  # each move's prior and target cell
+        seen = {cell: counts(cell) for cell in self.cells}
         for cell in self.cells:
             category, role = cell
-            wins, tries = counts(cell)
-            if opts.give_up:
-                centre, strength = pooled(
-                    counts(("category", category)), counts(("role", role)), prior
-                )
-                p_cell = thompson(rng, wins, tries, (strength / 2, strength / 2), centre)
+            wins, tries = seen[cell]
+            a, b = neighbours(seen, cell, prior)
+            if opts.give_up:  # a Thompson draw from the cell's posterior
+                p_cell = rng.betavariate(a + wins, b + max(0, tries - wins))
             else:
-                centre = pooled(counts(("category", category)), counts(("role", role)), prior)[0]
-                strength = sum(prior)
-                p_cell = (wins + strength * centre) / (tries + strength)
+                p_cell = (a + wins) / (a + b + tries)
             worth_ = worth(archive, cell, wins)
             for op in self._operators:
                 if (op != "fresh" and filled == 0) or (op == "crossover" and filled < 2):
@@ -312,6 +345,7 @@ class UCTController(ArchiveController):
             sim.operator, seeds = self._seeds(conv, action.operator, cell, rng)
             sim.move = sim.operator
             self._fly(conv, sim, +1)
+            notes = tuple(self.notes.get((conv.model, cell), ()))
             self.publish(
                 Directive(
                     **source.child_ids(
@@ -321,6 +355,7 @@ class UCTController(ArchiveController):
                     role=cell[1],
                     operator=sim.operator,
                     seeds=seeds,
+                    notes=notes,
                     role_conditioning=run.role_conditioning,
                     controller=self.name,
                 )
@@ -438,6 +473,9 @@ class UCTController(ArchiveController):
             if found is None:
                 return
             msg = found
+        if isinstance(msg, CallFailed) and msg.agent == "refiner":
+            self._noted(msg, ())  # no notes: the simulation goes on without them
+            return
         cur = self._sim(msg) if self.steers(msg) else None
         if cur is None or cur[1].outcome is not None:
             return  # stale, or a second outcome for one simulation (the first one counts)
@@ -448,9 +486,39 @@ class UCTController(ArchiveController):
             self._finish(msg, conv, "failed", unanswered(msg))
             return
         sim.outcome = msg
-        while (ready := conv.sims.get(conv.done)) is not None and ready.outcome is not None:
+        if (
+            self.options.notes
+            and isinstance(msg, Verdict)
+            and sim.notes is None
+            and self.run.refinement.wants_notes(msg)
+        ):
+            sim.due = True  # the refiner writes notes on it: apply it with them
+        self._drain(conv)
+
+    def _drain(self, conv: _Conv) -> None:
+        """Apply the outcomes that are complete, in simulation order, launching after each."""
+        while (
+            (ready := conv.sims.get(conv.done)) is not None
+            and ready.outcome is not None
+            and not ready.due
+        ):
             self._apply(conv, ready, ready.outcome)
             self._launch(ready.outcome, conv)  # may commit the turn: a new one starts at 0
+
+    @on(RefinerNotes)
+    def refined(self, msg: RefinerNotes) -> None:
+        """The refiner's notes on a simulation's verdict: it is applied with them."""
+        self._noted(msg, msg.notes)
+
+    def _noted(self, msg: Message, notes: tuple[str, ...]) -> None:
+        cur = self._sim(msg)
+        if cur is None or cur[1].notes is not None:
+            return
+        conv, sim = cur
+        sim.notes = notes
+        if sim.due:
+            sim.due = False
+            self._drain(conv)
 
     def _apply(self, conv: _Conv, sim: _Sim, msg: Message) -> None:
         if isinstance(msg, Verdict):
@@ -465,6 +533,9 @@ class UCTController(ArchiveController):
             conv.tree.backup(sim.path, value, key=sim.key)
             win = self._wins(msg.severity)
             self._count(conv.model, cell, sim.move, win)
+            if sim.notes and known and self.options.notes:
+                kept = self.notes.setdefault((conv.model, cell), deque(maxlen=5))
+                kept.extend(sim.notes)
             self.offer(conv.model, sim, msg)
         elif isinstance(msg, Unjudged):
             conv.tree.backup(sim.path, 0.0, key=sim.key, unjudged=True)

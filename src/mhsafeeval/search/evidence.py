@@ -4,12 +4,15 @@ Pure and synchronous, shared by the MAP-Elites and UCT controllers.
 
 *The give-up rule.* Every judged attempt at a cell is a Bernoulli trial of that cell's success
 rate; :class:`CellEvidence` keeps a Beta posterior on it (``Beta(a + successes, b +
-failures)``). uct centres that prior on what the cell's neighbours showed (:func:`pooled`: its
-category's rate, twice, and its role's), with the strength of the options' ``prior_successes +
-prior_failures`` plus a quarter of the category's attempts: a model that gives way in one cell
-of a category tends to give way in its neighbours, and a category that keeps resisting makes
-its untried cells unpromising too. map-elites keeps the even prior (``CellEvidence(pool=False)``,
-the default: pooling cost it true cells where a category mixes easy and never-harmable cells).
+failures)``). uct adds to that prior what the cell's neighbours showed, as far as they agree
+(:func:`neighbours`: its category's other cells and its role's, each group worth as many
+attempts as an empirical-Bayes estimate of how much its cells' rates spread allows,
+:func:`agreement`): a category whose cells all resist makes its untried cells unpromising, one
+that mixes easy and never-harmable cells says little about them, and a cell that keeps
+resisting among cells that give way is judged by its own failures. map-elites keeps the even
+prior (:class:`CellEvidence`: measured over 20 seeds, the same prior as uct's raised its
+successes per call in the fixed world from 0.080 to 0.117, above random's 0.107, but cost it
+1.5 to 2 true cells of 20.5 in the layered world; the tool reports cells).
 A search targets the cell whose *Thompson draw* from that posterior, times what a success there
 would add to the archive (:func:`worth`), is highest (:meth:`CellEvidence.value`). A cell
 nobody tried draws from an even prior, so empty cells come first; every failure shifts its
@@ -27,8 +30,9 @@ success is worth one severity step times the chance that it beats every success 
 Measured (benchmarks/search.py, 20 seeds, issue 34): with a repeat earning 0.2 and a uniform
 prior on each filled cell's chance of improving, uct spent half of its calls on cells it had
 filled and map-elites pressed empty cells that never gave way; with the rules above uct (which
-also commits a turn at its first success) finds as many true cells as map-elites in 400 calls
-of the layered world (the tables are in docs/campaigns.md).
+also commits a turn at its first success, after at most 5 simulations, and reads the
+refiner's notes) finds at least as many true cells as map-elites at 100, 200 and 400 calls of
+the layered world (the tables are in docs/campaigns.md).
 
 Example:
     >>> from random import Random
@@ -46,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from random import Random
 from typing import Final
 
@@ -56,8 +61,9 @@ __all__ = [
     "REPEAT",
     "SEED",
     "CellEvidence",
+    "agreement",
     "gain",
-    "pooled",
+    "neighbours",
     "step",
     "thompson",
     "worth",
@@ -121,29 +127,76 @@ def thompson(
     return rng.betavariate(a + wins, b + max(0.0, tries - wins))
 
 
-def pooled(
-    category: tuple[float, float], role: tuple[float, float], prior: tuple[float, float]
+def agreement(
+    counts: Iterable[tuple[int, int]], own: tuple[int, int] = (0, 0)
 ) -> tuple[float, float]:
-    """The centre and strength of a cell's prior from its neighbours' ``(successes,
-    attempts)``: the category's and the role's rates, each smoothed towards an even chance
-    with the weight of one attempt, the category weighing twice the role (a model that gives
-    way in one cell of a category tends to give way in its neighbours); the strength is the
-    prior's ``a + b`` plus a quarter of the category's attempts, so a category that keeps
-    resisting makes its untried cells look unpromising before each was tried on its own.
+    """What a group of cells (a category's, or a role's) says about one of them: the rate of
+    the group's other cells and the weight, in attempts, that it deserves, from the other
+    cells' ``(successes, attempts)`` (``counts``) and the cell's own (``own``).
+
+    An empirical-Bayes (beta-binomial) estimate by the method of moments: the cells' rates
+    scatter around the group's rate ``m`` by their binomial noise plus a spread ``tau2``
+    between the cells, judged over the whole group, the cell itself included; a group whose
+    cells agree (``tau2 <= 0``) is worth all its other cells' attempts, one whose cells
+    disagree only ``m (1 - m) / tau2 - 1`` (the concentration of the beta the cells' rates are
+    drawn from): a category that mixes easy and never-harmed cells says little about its
+    untried ones, one whose cells all resist (or all give way) says a lot, and a cell that
+    keeps resisting among cells that give way soon shows the spread that lets its own
+    failures count. One tried cell shows no spread, and counts in full.
 
     Example:
-        >>> pooled((0, 0), (0, 0), (1.0, 1.0))
-        (0.5, 2.0)
-        >>> centre, strength = pooled((0, 12), (1, 6), (1.0, 1.0))
-        >>> round(centre, 3), strength
-        (0.097, 5.0)
+        >>> centre, weight = agreement([(4, 8), (3, 8), (5, 8)])  # they agree
+        >>> round(centre, 2), weight
+        (0.5, 24.0)
+        >>> centre, weight = agreement([(8, 8), (0, 8), (0, 8)])  # they disagree
+        >>> round(centre, 2), round(weight, 2)
+        (0.34, 0.16)
+        >>> round(agreement([(3, 10), (3, 10)], own=(0, 20))[1], 1)  # it stands out: not 20
+        9.6
+        >>> agreement([])
+        (0.5, 0.0)
     """
+    others = [(w, t) for w, t in counts if t > 0]
+    n = sum(t for _, t in others)
+    if n == 0:
+        return 0.5, 0.0
+    m = (sum(w for w, _ in others) + 0.5) / (n + 1)
+    group = others + ([own] if own[1] > 0 else [])
+    if len(group) < 2:
+        return m, float(n)
+    total = sum(t for _, t in group)
+    rate = (sum(w for w, _ in group) + 0.5) / (total + 1)
+    spread = sum(t * (w / t - rate) ** 2 for w, t in group) / total
+    tau2 = spread - rate * (1 - rate) * len(group) / total  # less the binomial noise
+    if tau2 <= 0:
+        return m, float(n)
+    return m, min(float(n), max(0.0, rate * (1 - rate) / tau2 - 1))
 
-    def smooth(wins: float, tries: float) -> float:
-        return (wins + 0.5) / (tries + 1)
 
-    centre = (2 * smooth(*category) + smooth(*role)) / 3
-    return centre, sum(prior) + category[1] / 4
+def neighbours(
+    counts: Mapping[CellId, tuple[int, int]], cell: CellId, prior: tuple[float, float]
+) -> tuple[float, float]:
+    """The cell's Beta prior ``(a, b)``: ``prior`` plus, from its category's other cells and
+    from its role's, as many attempts at their rate as they agree on, the cell included
+    (:func:`agreement`); ``counts``: ``(successes, attempts)`` by cell.
+
+    Example:
+        >>> seen = {("blaming", "enabler"): (0, 6), ("blaming", "instigator"): (0, 6)}
+        >>> a, b = neighbours(seen, ("blaming", "facilitator"), (1.0, 1.0))
+        >>> round(a / (a + b), 2)  # its category resisted: an untried cell looks unpromising
+        0.1
+        >>> seen[("blaming", "instigator")] = (6, 6)  # ... unless its cells disagree
+        >>> a, b = neighbours(seen, ("blaming", "facilitator"), (1.0, 1.0))
+        >>> round(a + b, 1)  # nearly the even prior's strength alone
+        2.2
+    """
+    a, b = prior
+    own = counts.get(cell, (0, 0))
+    for k in (0, 1):
+        group = [n for c, n in counts.items() if c != cell and c[k] == cell[k]]
+        centre, weight = agreement(group, own)
+        a, b = a + weight * centre, b + weight * (1 - centre)
+    return a, b
 
 
 def worth(archive: HarmArchive, cell: CellId, successes: int) -> float:
@@ -169,20 +222,12 @@ class CellEvidence:
     Args:
         prior_successes: ``a`` of each rate's ``Beta(a, b)`` prior.
         prior_failures: ``b`` of that prior.
-        pool: centre each cell's success-rate prior on its category's and role's rates
-            (:meth:`centre`) instead of ``a / (a + b)``. Off for map-elites: measured over 20
-            seeds, pooling raised its successes per call in the fixed world (0.080 to 0.120,
-            above random's 0.107) but cost it 2.5 of 20.5 true cells in the layered world,
-            whose categories mix easy and never-harmable cells; the tool reports cells.
     """
 
-    def __init__(
-        self, prior_successes: float = 1.0, prior_failures: float = 1.0, *, pool: bool = False
-    ) -> None:
+    def __init__(self, prior_successes: float = 1.0, prior_failures: float = 1.0) -> None:
         if not (prior_successes > 0 and prior_failures > 0):
             raise ValueError("the Beta prior's parameters must be positive")
         self.prior = (prior_successes, prior_failures)
-        self.pool = pool
         self._counts: dict[CellId, list[int]] = {}  # successes, attempts, gains, attempts filled
 
     def record(
@@ -207,40 +252,17 @@ class CellEvidence:
         _, _, gained, tries = self._counts.get(cell, (0, 0, 0, 0))
         return gained, tries
 
-    def level(self, category: str | None = None, role: str | None = None) -> tuple[int, int]:
-        """``(successes, attempts)`` over the cells of one ``category`` or one ``role``."""
-        wins = tries = 0
-        for (c, r), slot in self._counts.items():
-            if (category is None or c == category) and (role is None or r == role):
-                wins, tries = wins + slot[0], tries + slot[1]
-        return wins, tries
-
-    def centre(self, cell: CellId) -> tuple[float, float]:
-        """The centre of the cell's prior, pooled from its category and role (:func:`pooled`),
-        and its strength ``prior_successes + prior_failures``."""
-        category, role = cell
-        centre, _ = pooled(self.level(category=category), self.level(role=role), self.prior)
-        # The prior keeps the options' strength: the cell's own failures soon outweigh its
-        # neighbours' successes, so a cell that never gives way in a category that does is
-        # given up too.
-        return centre, sum(self.prior)
-
     def draw(
         self, cell: CellId, rng: Random, *, mean: float | None = None, pending: int = 0
     ) -> float:
         """A Thompson draw of the cell's success rate from its posterior.
 
-        With ``pool``, the prior is centred on what the cell's category and role learned
-        (:meth:`centre`); ``mean``: centre it on this rate instead, with the options' strength
-        ``a + b``;
+        ``mean``: centre the prior on this rate instead, with the options' strength ``a + b``;
         ``pending``: attempts still in flight, counted as failures until they are judged (a
         virtual loss).
         """
         wins, tries = self.counts(cell)
-        if mean is not None or not self.pool:
-            return thompson(rng, wins, tries + pending, self.prior, mean)
-        centre, strength = self.centre(cell)
-        return thompson(rng, wins, tries + pending, (strength / 2, strength / 2), centre)
+        return thompson(rng, wins, tries + pending, self.prior, mean)
 
     def value(
         self,
