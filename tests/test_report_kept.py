@@ -16,7 +16,6 @@ import msgspec
 import pytest
 
 import mhsafeeval.reports.kept as kept_module
-import mhsafeeval.reports.text
 from mhsafeeval.cli import main
 from mhsafeeval.framework.store._protocol import StorageError
 from mhsafeeval.messages import ConversationFinished
@@ -310,4 +309,3 @@ def test_the_kept_report_renders_as_the_folded_one(stored: Path) -> None:
 
     kept_text, folded_text = anyio.run(both, backend="asyncio")
     assert kept_text == folded_text
-    assert mhsafeeval.reports.text.load_reports_and_logs is kept_module.load_reports_and_logs
