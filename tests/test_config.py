@@ -130,6 +130,7 @@ def test_search_is_the_selected_controllers_options() -> None:
         "give_up": True,
         "prior_successes": 1.0,
         "prior_failures": 1.0,
+        "borrow": True,
         "simulations": 7,
         "in_flight": 4,
         "samples_per_action": 2,
@@ -170,15 +171,19 @@ def test_campaigns_stored_with_the_tree_search_keys_resume() -> None:
         # Stored before cells were given up on (issue 34): it resumes as it ran, without; a
         # tree search also stored before turns stopped at their first success by default, and
         # before it read the refiner's notes.
+        # map-elites also stored before a cell's prior borrowed from its neighbours.
         early = ["search.early_stop: stored false, now true"] if controller == "uct" else []
         notes = ["search.notes: stored false, now true"] if controller == "uct" else []
+        borrow = [] if controller == "uct" else ["search.borrow: stored false, now true"]
         assert config_differences(json.dumps(stored), now) == [
+            *borrow,
             *early,
             "search.give_up: stored false, now true",
             *notes,
         ]
         stored["search"]["give_up"] = True
         stored["search"]["early_stop"] = True
+        stored["search"]["borrow"] = True
         if controller == "uct":
             stored["search"]["notes"] = True
         assert config_differences(json.dumps(stored), now) == []

@@ -27,6 +27,7 @@ from mhsafeeval.messages import (
     TurnCommitted,
     Unjudged,
     Verdict,
+    from_search_judge,
 )
 from mhsafeeval.providers import (
     CallParams,
@@ -278,6 +279,30 @@ async def test_every_judged_reply_is_rated_once_by_every_rater_with_the_judges_p
     reasons = {v.reasoning for v in verdicts if len(v.reasoning) > 20}
     text = "".join(c for p in PROMPTS["panel-a"] for _, c in p)
     assert reasons and not any(reason in text for reason in reasons)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("confirm", "calls"), [("auto", 7), ("off", 10)])
+async def test_a_turn_still_open_at_the_budget_is_rated_by_the_panel(
+    confirm: str, calls: int
+) -> None:
+    """uct stopped by its counselor-call budget in the middle of a turn: the turn is not
+    committed (a resumed run decides it as an uninterrupted one would), but its judged replies
+    are rated by every panel rater like any other (a candidate once it is confirmed); resumed
+    with a larger budget, nothing is rated twice."""
+    budget = f'\n[confirm]\nraters = "{confirm}"\n\n[budget]\ncounselor_calls = {{calls}}\n'
+    async with MemoryEventStore() as store:
+        for limit in (calls, calls + 6):
+            cfg = config(controller="uct", extra=budget.format(calls=limit), concurrency=1)
+            result = await run_campaign(cfg, store, config_text="...")
+            assert result.status == "stopped_budget"
+            events = await events_of(store, cfg.campaign.name)
+            committed = {(m.conversation, m.turn) for m in events if isinstance(m, TurnCommitted)}
+            verdicts = [m for m in events if isinstance(m, Verdict) and from_search_judge(m)]
+            ratings = Counter((coords(m), m.rater) for m in events if isinstance(m, Rating))
+            assert any((v.conversation, v.turn) not in committed for v in verdicts)  # open
+            assert set(ratings) == {(coords(v), rater) for v in verdicts for rater in RATERS}
+            assert set(ratings.values()) == {1}
 
 
 @pytest.mark.anyio

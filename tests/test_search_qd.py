@@ -180,6 +180,30 @@ async def test_the_give_up_rule_can_be_switched_off() -> None:
     assert shares[-1] > 0.9  # the paper's rule: the empty cells, for ever
 
 
+# Three categories give way in every role, four never do (benchmarks/search.py's fixed world).
+GIVING_CATEGORIES = ("dependency_induction", "gaslighting", "blaming")
+BY_CATEGORY: dict[Cell, float] = {cell: 0.3 for cell in CELLS if cell[0] in GIVING_CATEGORIES}
+
+
+async def test_map_elites_borrows_what_a_categorys_cells_showed() -> None:
+    """A cell's prior borrows from its category's and its role's cells as far as they agree
+    (``borrow``, the default): where the rate is the category's, the targets go to the
+    categories that gave way more often than by each cell's own attempts (the even prior),
+    so more attempts succeed."""
+    share: dict[bool, list[float]] = {True: [], False: []}
+    for seed in range(7, 13):
+        for borrow in (True, False):
+            directives = await search(
+                map_elites(seed, borrow=borrow), BY_CATEGORY, 10, 6, seed=seed
+            )
+            giving = [d.category in GIVING_CATEGORIES for d in directives]
+            share[borrow].append(sum(giving) / len(giving))
+    mean = {k: sum(v) / len(v) for k, v in share.items()}
+    assert mean[True] > mean[False] + 0.05
+    assert mean[True] > 0.45 > 3 / 7 + 0.02  # above the categories' share of the cells
+    assert sum(a > b for a, b in zip(share[True], share[False], strict=True)) >= 4
+
+
 def test_a_cell_that_keeps_failing_is_drawn_less_and_less() -> None:
     """The pure rule: the more failures a never-harmed cell has, the smaller its share of the
     targets against a cell that succeeds half the time; never zero."""
@@ -401,6 +425,25 @@ async def test_a_tree_search_stored_without_notes_is_told_how_to_resume_as_it_ra
             text = BUDGET_CONFIG.format(calls=12) + scripted_models()
             await run_campaign(parse_config(text, "d.toml"), store)
         assert "add `notes = false` to its [search] table" in str(refused.value)
+        text = old.format(calls=12) + scripted_models()
+        result = await run_campaign(parse_config(text, "d.toml"), store)
+    assert result.status == "stopped_budget"
+
+
+async def test_map_elites_stored_before_borrowing_is_told_how_to_resume_as_it_ran() -> None:
+    """A map-elites campaign stored before a cell's prior borrowed from its neighbours
+    (``borrow`` absent, read as false) is refused with the line that resumes it, and resumes
+    with it; a tree search stored without the key already borrowed, and resumes as it is."""
+    from mhsafeeval.errors import InputError
+
+    today = BUDGET_CONFIG.replace('controller = "uct"', 'controller = "map-elites"')
+    old = today.replace("[search]\n", "[search]\nborrow = false\n")
+    async with MemoryEventStore() as store:
+        await run_campaign(parse_config(old.format(calls=7) + scripted_models(), "d.toml"), store)
+        with pytest.raises(InputError, match=r"search\.borrow: stored false") as refused:
+            text = today.format(calls=12) + scripted_models()
+            await run_campaign(parse_config(text, "d.toml"), store)
+        assert "add `borrow = false` to its [search] table" in str(refused.value)
         text = old.format(calls=12) + scripted_models()
         result = await run_campaign(parse_config(text, "d.toml"), store)
     assert result.status == "stopped_budget"

@@ -337,6 +337,11 @@ _OLDER_RUNS = (
         "`give_up = false` to its [search] table",
     ),
     (
+        "search.borrow: stored false",
+        "a map-elites search stored before a cell's prior borrowed from its neighbours",
+        "`borrow = false` to its [search] table",
+    ),
+    (
         "search.early_stop: stored false",
         "a tree search stored before turns stopped at their first success",
         "`early_stop = false` to its [search] table",
@@ -624,19 +629,21 @@ def panel_service(
     run: int,
     client_for: Callable[[ModelSettings], ModelClient],
 ) -> PanelService | None:
-    """The ``[judges]`` panel (None: no panel). It rates a reply once its turn is committed
-    (or its conversation has ended), with the search judge's settings (context, re-asks,
-    threshold), every call through the budget; a call that fails for good is stored as
-    ``CallFailed(agent="panel")`` and asked again by the next run. Given the stored messages
-    first (the engine does), it rates the stored judged replies it has not rated yet, so a
-    panel added to a stored campaign rates the old replies too."""
+    """The ``[judges]`` panel (None: no panel). It rates a reply once it is judged (a
+    candidate once it is confirmed; see :class:`~mhsafeeval.judges.ReplyFold`), so the
+    replies of a turn still open at the budget are rated too, with the search judge's
+    settings (context, re-asks, threshold), every call through the budget; a call that fails
+    for good is stored as ``CallFailed(agent="panel")`` and asked again by the next run.
+    Given the stored messages first (the engine does), it rates the stored judged replies it
+    has not rated yet, so a panel added to a stored campaign rates the old replies too."""
     members = config.judges.panel
     if not members:
         return None
     c = config.campaign
     raters = panel_raters(config, taxonomy, client_for)
+    confirming = config.confirm.source(True) is not None
     pool = RatingPool(
-        ReplyFold(c.judge_context, forget=True),
+        ReplyFold(c.judge_context, forget=True, confirmed_at=c.threshold if confirming else None),
         raters,
         store.append,
         source="panel",

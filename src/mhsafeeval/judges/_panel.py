@@ -125,8 +125,13 @@ class ReplyFold:
 
     A reply counts as judged when a :class:`~mhsafeeval.messages.Verdict` is stored for it;
     the verdict's content is never kept. :meth:`add` returns the judged replies that became
-    ready to rate with that event: those of a turn once it is committed (and of earlier turns),
-    and all of a conversation's once it has ended. :meth:`judged` lists every judged reply.
+    ready to rate with that event: a reply as soon as it is judged, when every turn before its
+    own is committed (what a rater is shown is then known, so a turn still open when a run
+    stops at its budget is rated too), a candidate the campaign confirms once its
+    :class:`~mhsafeeval.messages.Confirmation` is here (the panel's ratings given there are
+    its ratings: not asked twice); any other (a confirmation that failed, the lookahead
+    replies of earlier versions' tree search) once its turn is committed, and all of a
+    conversation's once it has ended. :meth:`judged` lists every judged reply.
 
     Args:
         context_turns: the committed exchanges a judge sees (``campaign.judge_context_turns``,
@@ -134,11 +139,16 @@ class ReplyFold:
         forget: drop a conversation's texts once it has ended and its replies were given
             (a campaign's panel, which never asks :meth:`judged`): what stays per reply is
             whether it was rated or unjudged.
+        confirmed_at: the threshold of a campaign that confirms candidates: a reply judged at
+            or above it waits for its confirmation (None: nothing is confirmed).
     """
 
-    def __init__(self, context_turns: int, *, forget: bool = False) -> None:
+    def __init__(
+        self, context_turns: int, *, forget: bool = False, confirmed_at: int | None = None
+    ) -> None:
         self.context_turns = context_turns
         self.forget = forget
+        self.confirmed_at = confirmed_at
         self._convs: dict[str, _Conversation] = {}
         self._rated: set[tuple[Coords, str]] = set()
         self.unjudged: set[Coords] = set()
@@ -164,7 +174,10 @@ class ReplyFold:
         if isinstance(msg, Confirmation):  # the panel's raters confirmed it: rated already
             for rating in panel_ratings(msg):
                 self._rated.add(((msg.conversation, *at), rating.rater))
-            return []
+            conv = self._convs.get(msg.conversation)
+            if conv is None or not self._shown(conv, msg.turn):
+                return []
+            return self._take(msg.conversation, conv, msg.turn, only=at)
         if not isinstance(msg, _CONVERSATION_INPUTS):
             return []
         conv = self._conv(msg.conversation)
@@ -174,6 +187,9 @@ class ReplyFold:
             conv.replies[at] = msg
         elif isinstance(msg, Verdict):
             conv.judged.add(at)
+            waits = self.confirmed_at is not None and msg.severity >= self.confirmed_at
+            if not waits and self._shown(conv, msg.turn):
+                return self._take(msg.conversation, conv, msg.turn, only=at)
         elif isinstance(msg, TurnCommitted):
             conv.turns[msg.turn] = Exchange(msg.client_text, msg.counselor_text)
             return self._take(msg.conversation, conv, msg.turn)
@@ -204,10 +220,21 @@ class ReplyFold:
             ]
         return out
 
-    def _take(self, conversation: str, conv: _Conversation, turn: int | None) -> list[JudgedReply]:
+    @staticmethod
+    def _shown(conv: _Conversation, turn: int) -> bool:
+        """Whether what a reply of ``turn`` is shown is known: every turn before it committed."""
+        return all(t in conv.turns for t in range(turn))
+
+    def _take(
+        self,
+        conversation: str,
+        conv: _Conversation,
+        turn: int | None,
+        only: tuple[int, int, str] | None = None,
+    ) -> list[JudgedReply]:
         ready = sorted(
             at
-            for at in conv.judged - conv.given
+            for at in ({only} if only is not None else conv.judged) - conv.given
             if at in conv.replies and (turn is None or at[0] <= turn)
         )
         conv.given.update(ready)
@@ -230,7 +257,8 @@ class StoredReplies:
     """The judged replies of a stored campaign not yet rated by every rater, folded as its
     events stream past in stored order (a resumed run's panel).
 
-    A reply is given by ``fold`` when its turn is committed, but its ratings are stored later
+    A reply is given by ``fold`` when it is judged (or its turn is committed), but its ratings
+    are stored later
     (the panel rates it then), so whether it is rated is known only once its ratings have
     passed: a reply is held until every one of ``raters`` has rated it, then dropped. What is
     still held at the end (:meth:`take`) is what is left to rate.

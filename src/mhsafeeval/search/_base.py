@@ -82,7 +82,9 @@ class ArchiveController(Agent):
         give-up rule's evidence: "tried 40 times, never harmed" is a finding too)."""
         if model not in self._evidence:
             t = self.targeting
-            self._evidence[model] = CellEvidence(t.prior_successes, t.prior_failures)
+            self._evidence[model] = CellEvidence(
+                t.prior_successes, t.prior_failures, borrow=t.borrow
+            )
         return self._evidence[model]
 
     def texts(self, msg: Message) -> AttemptTexts | None:

@@ -117,7 +117,7 @@ def controller_options(
         >>> controller_options("uct", {"simulations": 8}).simulations
         8
         >>> controller_options("map-elites", {"simulations": 8, "prior_failures": 3.0})
-        TargetingOptions(give_up=True, prior_successes=1.0, prior_failures=3.0)
+        TargetingOptions(give_up=True, prior_successes=1.0, prior_failures=3.0, borrow=True)
         >>> controller_options("map-elites", {"simulations": 0}, "c.toml")
         Traceback (most recent call last):
         ...

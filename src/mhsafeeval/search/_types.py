@@ -89,3 +89,10 @@ class TargetingOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     """``a`` of each cell's Beta prior (1 and 1: a uniform prior on its success rate)."""
     prior_failures: Annotated[float, Meta(gt=0, le=1000)] = 1.0
     """``b`` of each cell's Beta prior: larger gives up on untried cells sooner."""
+    borrow: bool = True
+    """Each cell's prior also borrows from its category's and its role's cells, as far as
+    their rates agree (:func:`~mhsafeeval.search.evidence.neighbours`): a category whose cells
+    all resist makes its untried cells unpromising. map-elites centres that prior on the rate
+    of every attempt so far, uct on the even prior (each measured the better for it in
+    benchmarks/search.py, issue 34); False: the prior above alone. A campaign stored before
+    this option resumes as it ran with ``borrow = false`` (map-elites, single-turn)."""

@@ -301,7 +301,7 @@ class UCTController(ArchiveController):
         for cell in self.cells:
             category, role = cell
             wins, tries = seen[cell]
-            a, b = neighbours(seen, cell, prior)
+            a, b = neighbours(seen, cell, prior) if opts.borrow else prior
             if opts.give_up:  # a Thompson draw from the cell's posterior
                 p_cell = rng.betavariate(a + wins, b + max(0, tries - wins))
             else:

@@ -4,15 +4,17 @@ Pure and synchronous, shared by the MAP-Elites and UCT controllers.
 
 *The give-up rule.* Every judged attempt at a cell is a Bernoulli trial of that cell's success
 rate; :class:`CellEvidence` keeps a Beta posterior on it (``Beta(a + successes, b +
-failures)``). uct adds to that prior what the cell's neighbours showed, as far as they agree
-(:func:`neighbours`: its category's other cells and its role's, each group worth as many
-attempts as an empirical-Bayes estimate of how much its cells' rates spread allows,
-:func:`agreement`): a category whose cells all resist makes its untried cells unpromising, one
-that mixes easy and never-harmable cells says little about them, and a cell that keeps
-resisting among cells that give way is judged by its own failures. map-elites keeps the even
-prior (:class:`CellEvidence`: measured over 20 seeds, the same prior as uct's raised its
-successes per call in the fixed world from 0.080 to 0.117, above random's 0.107, but cost it
-1.5 to 2 true cells of 20.5 in the layered world; the tool reports cells).
+failures)``). Both controllers add to that prior (``[search] borrow``, the default) what the
+cell's neighbours showed, as far as they agree (:func:`neighbours`: its category's other cells
+and its role's, each group worth as many attempts as an empirical-Bayes estimate of how much
+its cells' rates spread allows, :func:`agreement`): a category whose cells all resist makes its
+untried cells unpromising, one that mixes easy and never-harmable cells says little about them,
+and a cell that keeps resisting among cells that give way is judged by its own failures.
+map-elites centres the prior on the rate of every attempt so far (``population``), uct on the
+even prior: measured over 20 seeds (docs/campaigns.md, issue 34), that raised map-elites'
+successes per call above random's in every world (fixed 0.080 to 0.121, random 0.107), at a
+cost of true cells early in the layered world, and centring uct's prior the same way cost it a
+cell at 100 and at 200 calls.
 A search targets the cell whose *Thompson draw* from that posterior, times what a success there
 would add to the archive (:func:`worth`), is highest (:meth:`CellEvidence.value`). A cell
 nobody tried draws from an even prior, so empty cells come first; every failure shifts its
@@ -116,14 +118,9 @@ def thompson(
     wins: float,
     tries: float,
     prior: tuple[float, float] = (1.0, 1.0),
-    mean: float | None = None,
 ) -> float:
-    """A draw from ``Beta(a + wins, b + tries - wins)``, ``(a, b) = prior``; with ``mean``, the
-    prior is centred on that rate instead, its strength ``a + b`` kept."""
+    """A draw from ``Beta(a + wins, b + tries - wins)``, ``(a, b) = prior``."""
     a, b = prior
-    if mean is not None:
-        m = min(1 - 1e-6, max(1e-6, mean))
-        a, b = m * (a + b), (1 - m) * (a + b)
     return rng.betavariate(a + wins, b + max(0.0, tries - wins))
 
 
@@ -174,11 +171,19 @@ def agreement(
 
 
 def neighbours(
-    counts: Mapping[CellId, tuple[int, int]], cell: CellId, prior: tuple[float, float]
+    counts: Mapping[CellId, tuple[int, int]],
+    cell: CellId,
+    prior: tuple[float, float],
+    *,
+    population: bool = False,
 ) -> tuple[float, float]:
     """The cell's Beta prior ``(a, b)``: ``prior`` plus, from its category's other cells and
     from its role's, as many attempts at their rate as they agree on, the cell included
-    (:func:`agreement`); ``counts``: ``(successes, attempts)`` by cell.
+    (:func:`agreement`); ``counts``: ``(successes, attempts)`` by cell. ``population``: centre
+    ``prior`` (its strength ``a + b`` kept) on the rate of every attempt so far, the level
+    above a category and a role, so that a category nobody tried is expected to give way as
+    often as the cells tried so far, not half the time (map-elites' choice, measured:
+    :class:`CellEvidence`).
 
     Example:
         >>> seen = {("blaming", "enabler"): (0, 6), ("blaming", "instigator"): (0, 6)}
@@ -189,8 +194,17 @@ def neighbours(
         >>> a, b = neighbours(seen, ("blaming", "facilitator"), (1.0, 1.0))
         >>> round(a + b, 1)  # nearly the even prior's strength alone
         2.2
+        >>> a, b = neighbours({("blaming", "enabler"): (1, 9)}, ("gaslighting", "perpetrator"),
+        ...                   (1.0, 1.0), population=True)
+        >>> round(a / (a + b), 2)  # no neighbour tried: the rate of every attempt so far
+        0.18
     """
     a, b = prior
+    if population:
+        wins = sum(w for w, _ in counts.values())
+        tries = sum(t for _, t in counts.values())
+        rate = (wins + a) / (tries + a + b)
+        a, b = rate * (prior[0] + prior[1]), (1 - rate) * (prior[0] + prior[1])
     own = counts.get(cell, (0, 0))
     for k in (0, 1):
         group = [n for c, n in counts.items() if c != cell and c[k] == cell[k]]
@@ -222,12 +236,18 @@ class CellEvidence:
     Args:
         prior_successes: ``a`` of each rate's ``Beta(a, b)`` prior.
         prior_failures: ``b`` of that prior.
+        borrow: Each cell's success-rate prior also borrows from its category's and its
+            role's cells as far as they agree, centred on the rate of every attempt so far
+            (:func:`neighbours` with ``population``); False: the even prior alone.
     """
 
-    def __init__(self, prior_successes: float = 1.0, prior_failures: float = 1.0) -> None:
+    def __init__(
+        self, prior_successes: float = 1.0, prior_failures: float = 1.0, *, borrow: bool = False
+    ) -> None:
         if not (prior_successes > 0 and prior_failures > 0):
             raise ValueError("the Beta prior's parameters must be positive")
         self.prior = (prior_successes, prior_failures)
+        self.borrow = borrow
         self._counts: dict[CellId, list[int]] = {}  # successes, attempts, gains, attempts filled
 
     def record(
@@ -252,17 +272,32 @@ class CellEvidence:
         _, _, gained, tries = self._counts.get(cell, (0, 0, 0, 0))
         return gained, tries
 
+    def prior_of(
+        self, cell: CellId, seen: Mapping[CellId, tuple[int, int]] | None = None
+    ) -> tuple[float, float]:
+        """The Beta prior of the cell's success rate: the options', plus with ``borrow`` what
+        its neighbours in ``seen`` (default: every cell counted) agree on."""
+        if not self.borrow:
+            return self.prior
+        if seen is None:
+            seen = {c: self.counts(c) for c in self._counts}
+        return neighbours(seen, cell, self.prior, population=True)
+
     def draw(
-        self, cell: CellId, rng: Random, *, mean: float | None = None, pending: int = 0
+        self,
+        cell: CellId,
+        rng: Random,
+        *,
+        pending: int = 0,
+        seen: Mapping[CellId, tuple[int, int]] | None = None,
     ) -> float:
         """A Thompson draw of the cell's success rate from its posterior.
 
-        ``mean``: centre the prior on this rate instead, with the options' strength ``a + b``;
         ``pending``: attempts still in flight, counted as failures until they are judged (a
-        virtual loss).
+        virtual loss); ``seen``: the counts :meth:`prior_of` borrows from.
         """
         wins, tries = self.counts(cell)
-        return thompson(rng, wins, tries + pending, self.prior, mean)
+        return thompson(rng, wins, tries + pending, self.prior_of(cell, seen))
 
     def value(
         self,
@@ -270,14 +305,14 @@ class CellEvidence:
         cell: CellId,
         rng: Random,
         *,
-        mean: float | None = None,
         pending: int = 0,
+        seen: Mapping[CellId, tuple[int, int]] | None = None,
     ) -> float:
         """A Thompson draw of what an attempt at ``cell`` adds to ``archive``: for a cell not
         filled, its success rate (:meth:`draw`); for a filled one, :data:`SEED` times that
         plus a draw of its improvement rate (attempts since it was filled that raised its
         severity, a Beta posterior on the options' prior) times one step (:func:`step`)."""
-        success = self.draw(cell, rng, mean=mean, pending=pending)
+        success = self.draw(cell, rng, pending=pending, seen=seen)
         if not archive.is_filled(cell):
             return success
         gained, tries = self.gains(cell)
@@ -288,7 +323,8 @@ class CellEvidence:
         """The target among ``cells`` (default: the archive's): the highest :meth:`value`;
         uniformly any of them when none can add anything."""
         pool = list(archive) if cells is None else cells
-        scored = [(v, c) for c in pool if (v := self.value(archive, c, rng)) > 0]
+        seen = {c: self.counts(c) for c in archive} if self.borrow else None
+        scored = [(v, c) for c in pool if (v := self.value(archive, c, rng, seen=seen)) > 0]
         if not scored:
             return rng.choice(pool)
         return max(scored, key=lambda item: item[0])[1]
