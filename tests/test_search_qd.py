@@ -394,56 +394,36 @@ async def test_a_uct_turn_spends_by_default_no_more_calls_than_the_refinement_lo
     assert {t.counselor_calls for t in turns} == {5}  # nothing found: every turn spends 5
 
 
-async def test_a_tree_search_stored_with_20_simulations_a_turn_resumes_only_with_them() -> None:
-    """The default went from 20 simulations a turn to 5 (issue 34): a uct campaign stored with
-    20 would change its search half-way if resumed with today's default, so the resume is
-    refused, naming the key, and ``simulations = 20`` resumes it."""
+@pytest.mark.parametrize(
+    ("controller", "line", "today"),
+    [
+        # The default went from 20 simulations a turn to 5: resumed with today's default, a
+        # uct campaign stored with 20 would change its search half-way.
+        ("uct", "simulations = 20", ""),
+        # Stored before uct read the refiner's notes (``notes`` absent, read as false).
+        ("uct", "notes = false", "simulations = 6"),
+        # Stored before a cell's prior borrowed from its neighbours (``borrow`` absent, read
+        # as false for map-elites; a tree search already borrowed: tests/test_config.py).
+        ("map-elites", "borrow = false", "simulations = 6"),
+    ],
+)
+async def test_a_search_stored_by_an_older_version_is_told_how_to_resume_as_it_ran(
+    controller: str, line: str, today: str
+) -> None:
+    """A campaign stored with what an older version's defaults meant is refused with today's,
+    naming the key and the line that resumes it, and resumes with that line."""
     from mhsafeeval.errors import InputError
 
-    old = BUDGET_CONFIG.replace("simulations = 6\n", "simulations = 20\n")
-    today = BUDGET_CONFIG.replace("simulations = 6\n", "")
+    base = BUDGET_CONFIG.replace('controller = "uct"', f'controller = "{controller}"')
+    new = base.replace("simulations = 6\n", f"{today}\n" if today else "")
+    old = new.replace("[search]\n", f"[search]\n{line}\n")
+    key, value = line.split(" = ")
     async with MemoryEventStore() as store:
         await run_campaign(parse_config(old.format(calls=7) + scripted_models(), "d.toml"), store)
-        with pytest.raises(InputError, match=r"search\.simulations: stored 20") as refused:
-            text = today.format(calls=12) + scripted_models()
+        with pytest.raises(InputError, match=rf"search\.{key}: stored {value}") as refused:
+            text = new.format(calls=12) + scripted_models()
             await run_campaign(parse_config(text, "d.toml"), store)
-        assert "add `simulations = 20` to its [search] table" in str(refused.value)
-        text = old.format(calls=12) + scripted_models()
-        result = await run_campaign(parse_config(text, "d.toml"), store)
-    assert result.status == "stopped_budget"
-
-
-async def test_a_tree_search_stored_without_notes_is_told_how_to_resume_as_it_ran() -> None:
-    """A uct campaign stored before it read the refiner's notes (``notes`` absent, read as
-    false) is refused with the line that resumes it, and resumes with it."""
-    from mhsafeeval.errors import InputError
-
-    old = BUDGET_CONFIG.replace("[search]\n", "[search]\nnotes = false\n")
-    async with MemoryEventStore() as store:
-        await run_campaign(parse_config(old.format(calls=7) + scripted_models(), "d.toml"), store)
-        with pytest.raises(InputError, match=r"search\.notes: stored false") as refused:
-            text = BUDGET_CONFIG.format(calls=12) + scripted_models()
-            await run_campaign(parse_config(text, "d.toml"), store)
-        assert "add `notes = false` to its [search] table" in str(refused.value)
-        text = old.format(calls=12) + scripted_models()
-        result = await run_campaign(parse_config(text, "d.toml"), store)
-    assert result.status == "stopped_budget"
-
-
-async def test_map_elites_stored_before_borrowing_is_told_how_to_resume_as_it_ran() -> None:
-    """A map-elites campaign stored before a cell's prior borrowed from its neighbours
-    (``borrow`` absent, read as false) is refused with the line that resumes it, and resumes
-    with it; a tree search stored without the key already borrowed, and resumes as it is."""
-    from mhsafeeval.errors import InputError
-
-    today = BUDGET_CONFIG.replace('controller = "uct"', 'controller = "map-elites"')
-    old = today.replace("[search]\n", "[search]\nborrow = false\n")
-    async with MemoryEventStore() as store:
-        await run_campaign(parse_config(old.format(calls=7) + scripted_models(), "d.toml"), store)
-        with pytest.raises(InputError, match=r"search\.borrow: stored false") as refused:
-            text = today.format(calls=12) + scripted_models()
-            await run_campaign(parse_config(text, "d.toml"), store)
-        assert "add `borrow = false` to its [search] table" in str(refused.value)
+        assert f"add `{line}` to its [search] table" in str(refused.value)
         text = old.format(calls=12) + scripted_models()
         result = await run_campaign(parse_config(text, "d.toml"), store)
     assert result.status == "stopped_budget"
