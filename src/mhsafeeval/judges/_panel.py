@@ -257,11 +257,11 @@ class StoredReplies:
     """The judged replies of a stored campaign not yet rated by every rater, folded as its
     events stream past in stored order (a resumed run's panel).
 
-    A reply is given by ``fold`` when it is judged (or its turn is committed), but its ratings
-    are stored later
-    (the panel rates it then), so whether it is rated is known only once its ratings have
-    passed: a reply is held until every one of ``raters`` has rated it, then dropped. What is
-    still held at the end (:meth:`take`) is what is left to rate.
+    A reply is given by ``fold`` when it is judged (or confirmed, or its turn is committed),
+    but its ratings are stored later (the panel rates it then), so whether it is rated is
+    known only once its ratings have passed: a reply is held until every one of ``raters`` has
+    rated it, then dropped. What is still held at the end (:meth:`take`) is what is left to
+    rate.
 
     Example:
         >>> replies = StoredReplies(ReplyFold(0), ["judge-a"])

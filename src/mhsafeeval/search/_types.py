@@ -78,8 +78,8 @@ class TargetingOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     The give-up rule (:mod:`mhsafeeval.search.evidence`): each cell's success rate gets a
     ``Beta(prior_successes + successes, prior_failures + failures)`` posterior from the judged
     attempts at it, and the target is the cell whose Thompson draw times what a success there
-    would add to the archive is highest: empty cells first, a cell that keeps resisting less
-    and less often.
+    would add to the archive is highest: empty cells first (unless their category's or role's
+    cells resisted, with ``borrow``), a cell that keeps resisting less and less often.
     """
 
     give_up: bool = True

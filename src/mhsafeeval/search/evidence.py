@@ -17,9 +17,9 @@ cost of true cells early in the layered world, and centring uct's prior the same
 cell at 100 and at 200 calls.
 A search targets the cell whose *Thompson draw* from that posterior, times what a success there
 would add to the archive (:func:`worth`), is highest (:meth:`CellEvidence.value`). A cell
-nobody tried draws from an even prior, so empty cells come first; every failure shifts its
-posterior down, so a cell that resists gets a shrinking share of the targets, never zero:
-evidence, not a fixed cut-off, decides when to give up.
+nobody tried draws from its prior alone, so empty cells come first unless their neighbours
+resisted; every failure shifts its posterior down, so a cell that resists gets a shrinking
+share of the targets, never zero: evidence, not a fixed cut-off, decides when to give up.
 
 *The archive gain* (:func:`gain`), what uct's simulations earn and what both controllers
 expect of a target: 1 for a success in a cell the archive has not filled; ``IMPROVEMENT *
