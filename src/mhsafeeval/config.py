@@ -891,10 +891,12 @@ def config_differences(stored: str, now: Config, inputs: dict[str, str] | None =
             stored_search.setdefault("notes", False)
         # Added later (issue 34): a map-elites search stored before targeted on each cell's
         # own attempts, so it resumes as it ran only with borrow = false; a tree search
-        # stored before already borrowed from its cells' neighbours.
+        # stored before already borrowed from its cells' neighbours; one that did not give up
+        # never read the evidence it would borrow.
         if "borrow" in now_search:
             tree = before.get("campaign", {}).get("controller") == "uct"
-            stored_search.setdefault("borrow", tree)
+            read = stored_search.get("give_up") is not False
+            stored_search.setdefault("borrow", tree if read else now_search["borrow"])
         for key in ("prior_successes", "prior_failures"):
             if key in now_search:
                 stored_search.setdefault(key, now_search[key])
