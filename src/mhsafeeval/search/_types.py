@@ -94,5 +94,6 @@ class TargetingOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     their rates agree (:func:`~mhsafeeval.search.evidence.neighbours`): a category whose cells
     all resist makes its untried cells unpromising. map-elites centres that prior on the rate
     of every attempt so far, uct on the even prior (each measured the better for it in
-    benchmarks/search.py, issue 34); False: the prior above alone. A campaign stored before
-    this option resumes as it ran with ``borrow = false`` (map-elites, single-turn)."""
+    benchmarks/search.py, issue 34); False: the prior above alone. A map-elites or
+    single-turn campaign stored with ``give_up`` before this option resumes as it ran with
+    ``borrow = false``."""
